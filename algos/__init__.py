@@ -1,0 +1,1 @@
+"""One file per algorithm: `ppo.py`, `a2c.py`, `impala.py`."""

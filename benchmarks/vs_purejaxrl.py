@@ -1,0 +1,128 @@
+"""Side-by-side speed of our PPO and PureJaxRL's `ppo.py` on the identical config.
+
+    git clone https://github.com/luchris429/purejaxrl /tmp/purejaxrl   # not vendored here
+    python benchmarks/vs_purejaxrl.py --reference /tmp/purejaxrl/purejaxrl --repeats 5
+
+Both run in this one process, `jit(vmap(train))` over the same number of seeds, compiled
+first, then timed in alternation (ours, theirs, ours, ...) so that machine noise hits both
+alike. Prints compile time, median SPS of each and the ratio of the medians, plus the final
+returns so that speed is not bought with learning. Saves the raw timings as JSON.
+
+PureJaxRL targets the gymnax 0.0.x step API (`done` in one flag); a small adapter below gives it
+that view of gymnax 1.0 (`done = terminated or truncated`, PureJaxRL's own semantics), and
+stub modules stand in for the optional `brax`/`navix` imports of its `wrappers.py`, which the
+CartPole path never uses.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import types
+
+import jax
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from algos.ppo import Config, make_train  # noqa: E402
+from common.logger import final_return  # noqa: E402
+
+
+class OldStepApi:
+    """A gymnax 1.0 environment seen through the 0.0.x API: `step -> (obs, state, r, done, info)`."""
+
+    def __init__(self, env):
+        self._env = env
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+    def step(self, key, state, action, params=None):
+        obs, state, reward, terminated, truncated, info = self._env.step(key, state, action, params)
+        return obs, state, reward, jax.numpy.logical_or(terminated, truncated), info
+
+
+def load_reference(path):
+    for name in ("brax", "brax.envs", "brax.envs.wrappers", "brax.envs.wrappers.training", "navix"):
+        stub = sys.modules.setdefault(name, types.ModuleType(name))
+        stub.__dict__.setdefault("EpisodeWrapper", object)
+        stub.__dict__.setdefault("AutoResetWrapper", object)
+    sys.path.insert(0, path)
+    import gymnax
+
+    make = gymnax.make
+    spec = importlib.util.spec_from_file_location("purejaxrl_ppo", os.path.join(path, "ppo.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.gymnax = types.SimpleNamespace(
+        make=lambda env_id, **kw: (lambda e, p: (OldStepApi(e), p))(*make(env_id, **kw)))
+    return module
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reference", required=True, help="folder holding PureJaxRL's ppo.py")
+    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--total-timesteps", type=int, default=500_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default="benchmarks/out/vs_purejaxrl.json")
+    args = parser.parse_args()
+
+    config = Config(total_timesteps=args.total_timesteps, progress=False)
+    reference = load_reference(args.reference)
+    ref_config = {
+        "LR": config.learning_rate, "NUM_ENVS": config.num_envs, "NUM_STEPS": config.num_steps,
+        "TOTAL_TIMESTEPS": config.total_timesteps, "UPDATE_EPOCHS": config.update_epochs,
+        "NUM_MINIBATCHES": config.num_minibatches, "GAMMA": config.gamma,
+        "GAE_LAMBDA": config.gae_lambda, "CLIP_EPS": config.clip_coef,
+        "ENT_COEF": config.ent_coef, "VF_COEF": config.vf_coef,
+        "MAX_GRAD_NORM": config.max_grad_norm, "ACTIVATION": config.activation,
+        "ENV_NAME": config.env_id, "ANNEAL_LR": config.anneal_lr, "DEBUG": False,
+    }
+    keys = jax.random.split(jax.random.PRNGKey(0), args.seeds)
+    runners = {
+        "ours": make_train(config),
+        "purejaxrl": reference.make_train(ref_config),
+    }
+    compiled, compile_s = {}, {}
+    for name, train in runners.items():
+        start = time.perf_counter()
+        compiled[name] = jax.jit(jax.vmap(train)).lower(keys).compile()
+        compile_s[name] = time.perf_counter() - start
+
+    steps = config.num_updates * config.batch_size * args.seeds
+    sps = {name: [] for name in runners}
+    returns = {}
+    for _ in range(args.repeats):
+        for name, fn in compiled.items():
+            start = time.perf_counter()
+            out = jax.block_until_ready(fn(keys))
+            sps[name].append(steps / (time.perf_counter() - start))
+            if name == "ours":
+                returns[name] = final_return(out[1]["episodic_return"])
+            else:
+                info = out["metrics"]
+                per_update = np.nansum(np.where(info["returned_episode"], info["returned_episode_returns"], 0), axis=(-2, -1)) \
+                    / np.sum(info["returned_episode"], axis=(-2, -1))
+                returns[name] = final_return(per_update)
+
+    median = {name: statistics.median(v) for name, v in sps.items()}
+    for name in runners:
+        print(f"{name:10s} compile {compile_s[name]:5.2f}s | median SPS {median[name]:12,.0f} "
+              f"over {args.repeats} runs | final return mean {np.mean(returns[name]):.1f}")
+    print(f"speed ratio ours / purejaxrl (medians): {median['ours'] / median['purejaxrl']:.2f}x; "
+          f"compile ratio: {compile_s['ours'] / compile_s['purejaxrl']:.2f}x")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    with open(args.out, "w") as f:
+        json.dump({"command": " ".join(sys.argv), "commit": commit, "jax": jax.__version__,
+                   "seeds": args.seeds, "sps": sps, "compile_s": compile_s,
+                   "final_return": {k: np.asarray(v).tolist() for k, v in returns.items()}}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

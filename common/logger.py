@@ -1,0 +1,155 @@
+"""Host-side plumbing for the command line: parsing, live progress, TensorBoard, summary.
+
+Nothing in this module runs inside `jit` except `report_progress`, which sends a few scalars
+out of the compiled loop with `jax.debug.callback` (it works under `vmap`: the callback runs
+once per vmapped run, and `Progress` averages what arrives for the same update).
+"""
+
+import dataclasses
+import math
+import os
+import sys
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+# CleanRL's TensorBoard tags, so curves from both libraries overlay in one dashboard.
+TAGS = {
+    "episodic_return": "charts/episodic_return",
+    "episodic_length": "charts/episodic_length",
+    "learning_rate": "charts/learning_rate",
+    "eval_return": "eval/episodic_return",
+}
+
+
+def tag(name: str) -> str:
+    """TensorBoard tag of a metric: `charts/...` for the CleanRL charts, else `losses/...`."""
+    return TAGS.get(name, f"losses/{name}")
+
+
+def enable_compilation_cache():
+    """Turn on JAX's persistent compilation cache, so a second identical run skips compiling."""
+    path = os.environ.get("ONPOLICY_JAX_CACHE",
+                          os.path.join(os.path.expanduser("~"), ".cache", "onpolicy-jax", "xla"))
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def seed_keys(seed: int, num_seeds: int):
+    """One PRNG key per run: run i uses `PRNGKey(seed + i)`, so it can be replayed alone."""
+    return jax.vmap(jax.random.PRNGKey)(seed + jnp.arange(num_seeds))
+
+
+def run_name(env_id: str, exp_name: str, seed: int, unix_time: int) -> str:
+    """CleanRL's run name, `{env_id}__{exp_name}__{seed}__{unix_time}`."""
+    return f"{env_id}__{exp_name}__{seed}__{unix_time}"
+
+
+def report_progress(callback, update, num_updates: int, every: int, global_step, returns):
+    """Inside `jit`: call `callback(update, global_step, returns)` every `every` updates.
+
+    `update` must be the unbatched loop counter (from `jnp.arange`), so that under `vmap` the
+    branch stays a branch and the callback is not run on every update.
+    """
+    report = jnp.logical_or(update % every == 0, update == num_updates - 1)
+    # debug.callback's batching rule calls `callback` once per vmapped run.
+    lax.cond(report, lambda: jax.debug.callback(callback, update, global_step, returns),
+             lambda: None)
+
+
+class Progress:
+    """Prints `step, return, SPS, ETA` while training, at most once per `min_interval` seconds.
+
+    The CLI calls `report` between compiled chunks. Inside `jit`, `report_progress` calls the
+    object itself once per vmapped run and update; it averages the runs of an update and
+    reports them together when the next update arrives (or on `close`).
+    """
+
+    def __init__(self, name: str, total_steps: int, min_interval: float = 1.0, stream=None):
+        self.name, self.total_steps, self.min_interval = name, total_steps, min_interval
+        self.stream = stream or sys.stdout
+        self.start = None  # (step, time) of the first report: SPS excludes compilation
+        self.last_print = -math.inf
+        self.pending = None  # [update, step, returns] gathered from callbacks
+        self.timeline = []  # (global_step, wall time) of every report
+
+    def report(self, step: int, returns, final: bool = False):
+        """Record that `step` steps (per run) are done; `returns` are the runs' recent returns."""
+        now = time.perf_counter()
+        self.timeline.append((int(step), now))
+        if self.start is None:
+            self.start = (int(step), now)
+        if not final and now - self.last_print < self.min_interval:
+            return
+        self.last_print = now
+        finite = [float(r) for r in np.ravel(returns) if math.isfinite(r)]
+        ret = f"{np.mean(finite):9.2f}" if finite else "      n/a"
+        elapsed = now - self.start[1]
+        sps = (step - self.start[0]) / elapsed if elapsed > 0 else float("nan")
+        eta = f"{(self.total_steps - step) / sps:6.1f}s" if sps > 0 else "   n/a"
+        print(f"[{self.name}] step {step:>12,}/{self.total_steps:,} "
+              f"({100 * step / self.total_steps:3.0f}%) | return {ret} | "
+              f"{sps:>10,.0f} SPS per run | ETA {eta}", file=self.stream, flush=True)
+
+    def __call__(self, update, global_step, returns):
+        if self.pending is not None and self.pending[0] != int(update):
+            self.close(final=False)
+        if self.pending is None:
+            self.pending = [int(update), int(global_step), []]
+        self.pending[2].append(float(returns))
+
+    def close(self, final: bool = True):
+        """Report what the callbacks gathered last."""
+        if self.pending is not None:
+            _, step, returns = self.pending
+            self.pending = None
+            self.report(step, returns, final=final)
+
+
+def write_tensorboard(log_dir: str, name: str, config, metrics: dict, sps_points=()):
+    """One TensorBoard run: the hyperparameter table, every metric per update, charts/SPS.
+
+    `metrics` maps names to 1-D arrays, one row per update, and must hold `global_step`.
+    `sps_points` are `(global_step, SPS)` pairs measured on the host.
+    """
+    from tensorboardX import SummaryWriter
+
+    path = os.path.join(log_dir, name)
+    writer = SummaryWriter(path)
+    rows = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(config).items())
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows)
+    steps = np.asarray(metrics["global_step"])
+    for key, values in metrics.items():
+        if key == "global_step":
+            continue
+        values = np.asarray(values, np.float64)
+        for step, value in zip(steps, values):
+            if math.isfinite(value):
+                writer.add_scalar(tag(key), value, int(step))
+    for step, sps in sps_points:
+        writer.add_scalar("charts/SPS", sps, int(step))
+    writer.close()
+    return path
+
+
+def sps_points(timeline, seeds: int):
+    """`(global_step, SPS)` between consecutive progress reports, counting all vmapped seeds."""
+    return [(s1, seeds * (s1 - s0) / (t1 - t0))
+            for (s0, t0), (s1, t1) in zip(timeline, timeline[1:]) if t1 > t0]
+
+
+def final_return(episodic_return, fraction: float = 0.1):
+    """Mean episodic return over the last `fraction` of updates (NaNs ignored), per run.
+
+    `episodic_return` has shape [..., num_updates]; the result has shape [...].
+    """
+    episodic_return = np.asarray(episodic_return, np.float64)
+    tail = max(1, int(round(episodic_return.shape[-1] * fraction)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN: no episode finished
+        return np.nanmean(episodic_return[..., -tail:], axis=-1)

@@ -1,0 +1,116 @@
+"""The rollout: step a batch of gymnax environments for `num_steps` with one `lax.scan`.
+
+gymnax 1.0 resets an environment automatically inside `step` and reports how the episode
+ended in two flags, `terminated` (a terminal state: no bootstrap) and `truncated` (a time
+limit: bootstrap from the observation the step really reached, `info["final_observation"]`).
+The rollout keeps the two apart and records that final observation as `next_obs`, so the
+advantage functions (`common/gae.py`, `common/vtrace.py`) can treat time limits correctly.
+"""
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from common.envs import EnvSpec, to_env_action
+
+
+class EnvState(NamedTuple):
+    """What the rollout carries from one call to the next."""
+
+    env_state: Any
+    """gymnax state of each environment, leading axis [num_envs]."""
+    obs: jax.Array
+    """Current observation of each environment, [num_envs, *obs_shape], float32."""
+    episode_return: jax.Array
+    """Undiscounted return of each environment's current episode so far, [num_envs]."""
+    episode_length: jax.Array
+    """Steps taken in each environment's current episode so far, [num_envs], int32."""
+
+
+class Trajectory(NamedTuple):
+    """Time-major transitions, every field shaped [num_steps, num_envs, ...]."""
+
+    obs: jax.Array
+    """s_t, the observation the action was chosen from."""
+    action: jax.Array
+    """a_t as the policy produced it (before clipping to a Box space's bounds)."""
+    reward: jax.Array
+    """r_t."""
+    terminated: jax.Array
+    """bool: s_{t+1} is terminal."""
+    truncated: jax.Array
+    """bool: a time limit ended the episode at step t (and it did not terminate)."""
+    next_obs: jax.Array
+    """s_{t+1} before any automatic reset: the final observation where the episode ended."""
+    policy_info: Any
+    """Whatever the policy returned beside the action (log-probabilities, values, ...)."""
+    episode_return: jax.Array
+    """Return of the episode that ended at step t; meaningful only where it ended."""
+    episode_length: jax.Array
+    """Length of the episode that ended at step t; meaningful only where it ended."""
+
+
+def reset(env, env_params, key, num_envs: int) -> EnvState:
+    """Reset `num_envs` environments with independent keys."""
+    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
+        jax.random.split(key, num_envs), env_params)
+    zeros = jnp.zeros((num_envs,), jnp.float32)
+    return EnvState(env_state, obs.astype(jnp.float32), zeros, jnp.zeros((num_envs,), jnp.int32))
+
+
+def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, key,
+            num_steps: int):
+    """Act `num_steps` times in every environment.
+
+    Args:
+      env, env_params, spec: from `common.envs.make_env`.
+      policy: `policy(key, obs) -> (action, policy_info)` for a batch `obs` [num_envs, ...];
+        `policy_info` is any pytree with leading axis [num_envs] (e.g. log-prob and value).
+      state: the `EnvState` to continue from.
+      key: PRNG key for action sampling and environment steps.
+      num_steps: T, the rollout length (static).
+
+    Returns:
+      `(state, trajectory)`: the `EnvState` after T steps and a time-major `Trajectory`.
+    """
+    num_envs = state.obs.shape[0]
+    action_shape = env.action_space(env_params).shape
+    step_env = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+
+    def one_step(state: EnvState, key):
+        key_act, key_env = jax.random.split(key)
+        action, policy_info = policy(key_act, state.obs)
+        env_action = to_env_action(action, spec, action_shape)
+        obs, env_state, reward, terminated, truncated, info = step_env(
+            jax.random.split(key_env, num_envs), state.env_state, env_action, env_params)
+        terminated = terminated.astype(bool)
+        truncated = jnp.logical_and(truncated.astype(bool), ~terminated)
+        done = jnp.logical_or(terminated, truncated)
+        reward = reward.astype(jnp.float32)
+        episode_return = state.episode_return + reward
+        episode_length = state.episode_length + 1
+        transition = Trajectory(
+            obs=state.obs, action=action, reward=reward, terminated=terminated,
+            truncated=truncated, next_obs=info["final_observation"].astype(jnp.float32),
+            policy_info=policy_info, episode_return=episode_return,
+            episode_length=episode_length)
+        state = EnvState(env_state, obs.astype(jnp.float32),
+                         jnp.where(done, 0.0, episode_return), jnp.where(done, 0, episode_length))
+        return state, transition
+
+    return lax.scan(one_step, state, jax.random.split(key, num_steps))
+
+
+def finished_episode_stats(trajectory: Trajectory):
+    """Sum and count of the episodes that finished in `trajectory`.
+
+    Returns `(return_sum, length_sum, count)` as scalars; divide the sums by `count` for the
+    means (NaN when no episode finished). Sums rather than means so that several devices can
+    add theirs before dividing.
+    """
+    done = jnp.logical_or(trajectory.terminated, trajectory.truncated)
+    return (jnp.sum(jnp.where(done, trajectory.episode_return, 0.0)),
+            jnp.sum(jnp.where(done, trajectory.episode_length, 0)).astype(jnp.float32),
+            jnp.sum(done).astype(jnp.float32))
