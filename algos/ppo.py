@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import tyro
 from jax import lax
 
 from common import cli, logger, normalize
@@ -56,10 +57,8 @@ class Config:
     """Independent runs trained together in one vmapped call, each logged as its own run."""
     log_dir: str = "runs"
     """TensorBoard runs go to `{log_dir}/{env_id}__{exp_name}__{seed}__{unix_time}`."""
-    live_progress: bool = False
-    """Python API: print progress from inside the compiled `train` with `jax.debug.callback`
-    (works under `vmap`). The CLI prints progress between compiled chunks instead, which
-    keeps its compiled program in JAX's persistent cache (a callback never is)."""
+    live_progress: tyro.conf.Suppress[bool] = False
+    """Python API only: print progress from inside the compiled `train` (jax.debug.callback)."""
 
     # --- environment ---
     env_id: str = "CartPole-v1"
@@ -387,8 +386,9 @@ def make_train(config: Config):
         """The whole run in one call: `(final TrainState, metrics)`."""
         return run_updates(init(key, hparams), hparams, jnp.arange(num_updates))
 
-    # The pieces, for callers that run the updates in chunks (the CLI, checkpointing).
-    train.init, train.run_updates = init, run_updates
+    # The pieces, for callers that run the updates in chunks (the CLI, checkpointing), and the
+    # host-side printer of `live_progress` (call `train.progress.close()` for its last line).
+    train.init, train.run_updates, train.progress = init, run_updates, progress
     return train
 
 

@@ -7,6 +7,7 @@ the compiled program holds no host callback and therefore lands in JAX's persist
 compilation cache: a second identical command skips compilation.
 """
 
+import dataclasses
 import sys
 import time
 import warnings
@@ -19,11 +20,20 @@ from common import logger
 
 
 def parse_config(config_cls, argv=None):
-    """Build a config from the command line with tyro; a bad value exits 2 with one line."""
+    """Build a config from the command line with tyro; a bad value exits 2 with one line.
+
+    tyro parses into a copy of the class without `__post_init__`, so that the config's own
+    validation message reaches the user as one line rather than inside tyro's error box.
+    """
     import tyro
 
+    unchecked = type(config_cls.__name__, (config_cls,),
+                     {"__post_init__": lambda self: None, "__doc__": config_cls.__doc__,
+                      "__module__": config_cls.__module__})
+    parsed = tyro.cli(unchecked, args=argv)
     try:
-        return tyro.cli(config_cls, args=argv)
+        return config_cls(**{f.name: getattr(parsed, f.name)
+                             for f in dataclasses.fields(config_cls)})
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -1,0 +1,55 @@
+"""The command line of every algorithm: a smoke run, and bad input refused before compiling."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+BAD_INPUTS = [
+    (["--env-id", "CartPole-v9"], "unknown environment id 'CartPole-v9'"),
+    (["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "not divisible"),
+    (["--num-envs", "0"], "--num-envs must be a positive integer"),
+    (["--total-timesteps", "-5"], "--total-timesteps must be a positive integer"),
+    (["--learning-rate", "-1e-3"], "--learning-rate must be > 0"),
+    (["--gamma", "1.5"], "--gamma must be in [0, 1]"),
+    (["--total-timesteps", "100"], "less than one rollout"),
+]
+
+
+@pytest.mark.parametrize("argv,message", BAD_INPUTS)
+def test_ppo_bad_input_is_one_clear_line_and_exit_2(argv, message, capsys):
+    from algos.ppo import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err, err
+    assert len(err.splitlines()) == 1
+
+
+def test_ppo_bad_input_from_a_real_process_has_no_traceback():
+    result = subprocess.run([sys.executable, "algos/ppo.py", "--env-id", "Pong"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "unknown environment id 'Pong'" in result.stderr and "Pong-misc" in result.stderr
+
+
+def test_ppo_cli_trains_logs_and_summarises(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "algos/ppo.py", "--env-id", "CartPole-v1", "--total-timesteps", "8192",
+         "--num-seeds", "2", "--log-dir", str(tmp_path), "--exp-name", "smoke"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "ONPOLICY_JAX_CACHE": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[ppo CartPole-v1] step" in result.stdout and "SPS" in result.stdout
+    assert "done: PPO on CartPole-v1, 2 run(s)" in result.stdout
+    runs = sorted(d for d in os.listdir(tmp_path) if d.startswith("CartPole-v1__smoke__"))
+    assert [r.split("__")[2] for r in runs] == ["1", "2"], runs
+    for run in runs:
+        assert glob.glob(str(tmp_path / run / "events.out.tfevents.*"))

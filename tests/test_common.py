@@ -1,0 +1,144 @@
+"""`common/`: observation normalisation, the rollout's truncation handling, pmean, init."""
+
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from common import normalize
+from common.distributed import pmean, psum
+from common.envs import make_env, to_env_action
+from common.init import orthogonal
+from common.rollout import finished_episode_stats, reset, rollout
+
+
+# ------------------------------------------------------------------ normalisation
+def test_running_stats_match_numpy_over_all_batches():
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(3.0, 2.0, size=(n, 5)).astype(np.float32) for n in (7, 64, 1, 33)]
+    stats = normalize.init((5,))
+    for b in batches:
+        stats = jax.jit(normalize.update)(stats, b)
+    everything = np.concatenate(batches)
+    # gymnasium's convention: a prior of mean 0, var 1 with weight 1e-4.
+    n0 = 1e-4
+    n = n0 + len(everything)
+    mean = everything.sum(0) / n
+    var = (n0 * (1.0 + mean ** 2) + ((everything - mean) ** 2).sum(0)) / n
+    np.testing.assert_allclose(stats.count, n, rtol=1e-6)
+    np.testing.assert_allclose(stats.mean, mean, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(stats.var, var, rtol=1e-4)
+    z = normalize.normalize(stats, everything)
+    np.testing.assert_allclose(z.mean(0), 0.0, atol=1e-3)
+    np.testing.assert_allclose(z.std(0), 1.0, atol=1e-3)
+
+
+def test_normalize_clips_and_rejects_wrong_shapes():
+    stats = normalize.init((2,))
+    np.testing.assert_allclose(normalize.normalize(stats, jnp.array([100.0, -100.0])), [10.0, -10.0])
+    with pytest.raises(ValueError, match="expected"):
+        normalize.update(stats, jnp.zeros((4, 3)))
+
+
+# ------------------------------------------------------------------ rollout
+def test_rollout_keeps_truncation_apart_and_records_final_observation():
+    env, env_params, spec = make_env("CartPole-v1")
+    env_params = env_params.replace(max_steps_in_episode=5)
+    # Keep the pole up: push towards the side the pole leans (never terminates in 5 steps).
+    policy = lambda key, obs: ((obs[:, 2] > 0).astype(jnp.int32), obs[:, 0] * 0)  # noqa: E731
+    state = reset(env, env_params, jax.random.PRNGKey(0), 3)
+    state, traj = jax.jit(lambda s, k: rollout(env, env_params, spec, policy, s, k, 12))(
+        state, jax.random.PRNGKey(1))
+    done_steps = [4, 9]
+    for t in range(12):
+        assert not traj.terminated[t].any()
+        assert traj.truncated[t].all() == (t in done_steps)
+    for t in done_steps:
+        np.testing.assert_array_equal(traj.episode_length[t], 5)
+        # The next observation of a truncated step is the true final state, not the reset one.
+        assert not np.allclose(traj.next_obs[t], traj.obs[t + 1])
+        # ...and it is what the environment really reached: replay step t with gymnax itself.
+    for t in range(11):
+        if t not in done_steps:
+            np.testing.assert_array_equal(traj.next_obs[t], traj.obs[t + 1])
+    np.testing.assert_allclose(traj.episode_return[4], 5.0)
+    ret_sum, len_sum, count = finished_episode_stats(traj)
+    assert (float(ret_sum), float(len_sum), float(count)) == (30.0, 30.0, 6.0)
+
+
+def test_rollout_final_observation_is_the_true_next_state():
+    env, env_params, spec = make_env("CartPole-v1")
+    env_params = env_params.replace(max_steps_in_episode=3)
+    policy = lambda key, obs: (jnp.zeros(obs.shape[0], jnp.int32), obs[:, 0] * 0)  # noqa: E731
+    state0 = reset(env, env_params, jax.random.PRNGKey(0), 1)
+    _, traj = rollout(env, env_params, spec, policy, state0, jax.random.PRNGKey(1), 3)
+    # Step the same environment by hand with gymnax's own step_env (no auto-reset).
+    s = jax.tree.map(lambda x: x[0], state0.env_state)
+    for t in range(3):
+        obs, s, *_ = env.step_env(jax.random.PRNGKey(0), s, 0, env_params)
+    np.testing.assert_allclose(traj.next_obs[2, 0], obs, rtol=1e-6)
+    assert bool(traj.truncated[2, 0]) and not bool(traj.terminated[2, 0])
+
+
+def test_rollout_terminates_without_truncation_flag():
+    env, env_params, spec = make_env("CartPole-v1")
+    policy = lambda key, obs: (jnp.zeros(obs.shape[0], jnp.int32), obs[:, 0] * 0)  # noqa: E731
+    state = reset(env, env_params, jax.random.PRNGKey(0), 2)
+    _, traj = rollout(env, env_params, spec, policy, state, jax.random.PRNGKey(1), 40)
+    assert traj.terminated.any()  # always pushing left drops the pole within ~10 steps
+    assert not (traj.terminated & traj.truncated).any()
+    assert not traj.truncated.any()
+
+
+def test_continuous_actions_are_clipped_for_the_environment_only():
+    _, _, spec = make_env("Pendulum-v1")
+    action = jnp.array([[5.0], [-0.5]])
+    np.testing.assert_allclose(to_env_action(action, spec, (1,)), [[2.0], [-0.5]])
+
+
+def test_unknown_environment_names_the_closest_ids():
+    with pytest.raises(ValueError, match="CartPole-v1"):
+        make_env("Cartpole-v1")
+
+
+# ------------------------------------------------------------------ pmean
+def test_pmean_is_a_noop_without_a_bound_axis_and_averages_with_one():
+    x = jnp.arange(4.0)
+    np.testing.assert_array_equal(jax.jit(pmean)(x), x)
+    np.testing.assert_array_equal(jax.vmap(pmean)(x), x)  # vmap without axis_name: unbound
+    averaged = jax.vmap(lambda v: pmean(v, "data"), axis_name="data")(x)
+    np.testing.assert_allclose(averaged, np.full(4, 1.5))
+    summed = jax.vmap(lambda v: psum(v, "data"), axis_name="data")(x)
+    np.testing.assert_allclose(summed, np.full(4, 6.0))
+
+
+# ------------------------------------------------------------------ init
+def test_orthogonal_equals_flax_and_vmaps_sequentially():
+    key = jax.random.PRNGKey(3)
+    ours = orthogonal(np.sqrt(2))(key, (64, 64))
+    flax_init = jax.nn.initializers.orthogonal(np.sqrt(2))(key, (64, 64))
+    np.testing.assert_allclose(ours, flax_init, rtol=1e-6, atol=1e-6)
+    keys = jax.random.split(key, 3)
+    batched = jax.vmap(lambda k: orthogonal(1.0)(k, (8, 8)))(keys)
+    for i in range(3):
+        np.testing.assert_allclose(batched[i], orthogonal(1.0)(keys[i], (8, 8)), rtol=1e-6)
+
+
+# ------------------------------------------------------------------ the jaxlib 0.10 deadlock
+def test_vmapped_network_init_under_pmap_does_not_deadlock():
+    """Regression test for the batched-QR deadlock of jaxlib 0.10.x (see common/init.py).
+
+    `tests/hang_probe.py --flax-orthogonal` (flax's own initialiser) hangs here, at 0% CPU;
+    with `common.init.orthogonal` the same probe finishes in seconds."""
+    import os
+    import subprocess
+    import sys
+
+    probe = os.path.join(os.path.dirname(__file__), "hang_probe.py")
+    try:
+        result = subprocess.run([sys.executable, probe], capture_output=True, text=True,
+                                timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("pmap(vmap(network.init)) hung: the batched-QR deadlock is back")
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
