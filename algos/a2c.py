@@ -1,0 +1,383 @@
+"""Advantage Actor-Critic (A2C), the synchronous variant of A3C, in one file.
+
+Mnih, Badia, Mirza, Graves, Lillicrap, Harley, Silver, Kavukcuoglu (2016), "Asynchronous
+Methods for Deep Reinforcement Learning", arXiv:1602.01783, Algorithm S3 (A3C) run
+synchronously: `num_envs` environments act for `num_steps` steps with the current policy, then
+one gradient step on the whole rollout of
+
+    L = -mean_t[ A_t * log pi(a_t|s_t) ] + vf_coef * 0.5 * mean_t[ (G_t - V(s_t))^2 ]
+        - ent_coef * mean_t[ H(pi(.|s_t)) ]
+
+with A_t and G_t targets (no gradient). No ratio, no clipping, no epochs, no replay.
+
+Returns: `gae_lambda = 1` gives the paper's n-step bootstrapped returns,
+G_t = r_t + gamma r_{t+1} + ... + gamma^{T-t} V(s_T), A_t = G_t - V(s_t); any other lambda gives
+GAE (Schulman et al. 2016, arXiv:1506.02438). Both come from `common/gae.py`, which also keeps
+termination (no bootstrap) and time-limit truncation (bootstrap from the final observation,
+Pardo et al. 2018, arXiv:1712.00378) apart.
+
+What differs from the paper, following OpenAI Baselines' `a2c` and Stable-Baselines3's `A2C`
+(the implementations whose defaults are used here, see `Config`):
+- synchronous batches instead of asynchronous workers (the "A2C" of Baselines; Wu et al. 2017,
+  arXiv:1708.05144, found it no worse than A3C);
+- RMSprop with statistics per run (not shared across workers) and eps added outside the square
+  root, as PyTorch's `torch.optim.RMSprop` that SB3 uses; gradients clipped by global norm;
+- separate actor and critic MLPs (64x64 tanh, orthogonal init, policy head scaled 0.01), or a
+  shared small CNN torso for image observations (MinAtar) -- the same network as `ppo.py`;
+- the value loss carries a factor 0.5 (as in `ppo.py`); Baselines and SB3 use the plain mean
+  squared error, so their `vf_coef` equals ours / 2 for the same gradient.
+
+Use it from the command line, `python algos/a2c.py --env-id CartPole-v1 --num-seeds 4`, or
+from Python:
+
+    train = make_train(Config(env_id="CartPole-v1"))
+    state, metrics = jax.jit(train)(jax.random.PRNGKey(0))
+    states, metrics = jax.jit(jax.vmap(train))(jax.random.split(key, 16))   # 16 seeds
+"""
+
+import dataclasses
+from typing import Literal, NamedTuple
+
+import distrax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import tyro
+from jax import lax
+
+from common import cli, logger, normalize
+from common.distributed import pmean
+from common.envs import EnvSpec, make_env
+from common.gae import gae
+from common.init import orthogonal
+from common.rollout import EnvState, finished_episode_stats, reset, rollout
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """A2C hyperparameters.
+
+    Defaults: the widely used A2C settings of OpenAI Baselines `a2c` (RMSprop, lr 7e-4, alpha
+    0.99, eps 1e-5, 5 steps x 16 environments, value coefficient 0.5, gradient clip 0.5) and
+    Stable-Baselines3 `A2C` (n-step returns `gae_lambda=1`, entropy coefficient 0.0, constant
+    learning rate, no advantage normalisation; also rl-baselines3-zoo's CartPole config). With
+    them, CartPole-v1 reaches 500 and Acrobot-v1 about -84 in 5e5 steps (16 seeds each).
+    """
+
+    # --- run ---
+    exp_name: str = "a2c"
+    """Experiment name, part of the run directory name."""
+    seed: int = 1
+    """Seed of the first run; run i of `num_seeds` uses seed `seed + i`."""
+    num_seeds: int = 1
+    """Independent runs trained together in one vmapped call, each logged as its own run."""
+    log_dir: str = "runs"
+    """TensorBoard runs go to `{log_dir}/{env_id}__{exp_name}__{seed}__{unix_time}`."""
+    live_progress: tyro.conf.Suppress[bool] = False
+    """Python API only: print progress from inside the compiled `train` (jax.debug.callback)."""
+
+    # --- environment ---
+    env_id: str = "CartPole-v1"
+    """A gymnax environment id."""
+    total_timesteps: int = 500_000
+    """Environment steps per run (rounded down to whole updates)."""
+    num_envs: int = 16
+    """Parallel environments per run."""
+    num_steps: int = 5
+    """Steps per environment per rollout (the n of the n-step returns)."""
+    normalize_obs: bool = False
+    """Normalise observations with running mean and variance (`common/normalize.py`)."""
+
+    # --- algorithm ---
+    learning_rate: float = 7e-4
+    """Learning rate (the start value when annealed)."""
+    anneal_lr: bool = False
+    """Anneal the learning rate linearly to 0 over the run."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 1.0
+    """GAE lambda; 1.0 gives the classic n-step bootstrapped returns of A2C/A3C."""
+    norm_adv: bool = False
+    """Normalise advantages over each rollout (SB3's `normalize_advantage`)."""
+    ent_coef: float = 0.0
+    """Entropy bonus coefficient. 0.0 as SB3; Baselines' 0.01 keeps CartPole's policy too
+    random to hold 500 (mean final return 453 over 16 seeds, one seed at 193)."""
+    vf_coef: float = 0.5
+    """Value loss coefficient (the value loss is 0.5 * mean squared error)."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    optimizer: Literal["rmsprop", "adam"] = "rmsprop"
+    """Optimiser: RMSprop (PyTorch/SB3 semantics, not centred) or Adam."""
+    rmsprop_alpha: float = 0.99
+    """RMSprop's decay of the squared-gradient average (PyTorch's `alpha`)."""
+    eps: float = 1e-5
+    """Epsilon of the optimiser's denominator (added outside the square root)."""
+
+    # --- network ---
+    hidden_size: int = 64
+    """Width of the two hidden layers of the actor and critic MLPs."""
+    activation: Literal["tanh", "relu"] = "tanh"
+    """Activation of the MLPs (the CNN torso always uses ReLU)."""
+
+    def __post_init__(self):
+        for name in ("num_seeds", "total_timesteps", "num_envs", "num_steps", "hidden_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, "
+                                 f"got {getattr(self, name)}.")
+        if self.total_timesteps < self.batch_size:
+            raise ValueError(f"--total-timesteps {self.total_timesteps} is less than one "
+                             f"rollout (num_envs * num_steps = {self.batch_size}).")
+        for name in ("learning_rate", "max_grad_norm", "eps"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0, got "
+                                 f"{getattr(self, name)}.")
+        for name in ("gamma", "gae_lambda"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1], got "
+                                 f"{getattr(self, name)}.")
+        if not 0.0 <= self.rmsprop_alpha < 1.0:
+            raise ValueError(f"--rmsprop-alpha must be in [0, 1), got {self.rmsprop_alpha}.")
+        for name in ("ent_coef", "vf_coef"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got "
+                                 f"{getattr(self, name)}.")
+        if self.optimizer not in ("rmsprop", "adam"):
+            raise ValueError(f"--optimizer must be 'rmsprop' or 'adam', got {self.optimizer!r}.")
+        if self.activation not in ("tanh", "relu"):
+            raise ValueError(f"--activation must be 'tanh' or 'relu', got {self.activation!r}.")
+        make_env(self.env_id)  # an unknown id fails here, before anything compiles
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.batch_size
+
+    def hparams(self) -> "HParams":
+        """The float hyperparameters as traced values (see `HParams`)."""
+        return HParams(*(jnp.asarray(getattr(self, f), jnp.float32) for f in HParams._fields))
+
+
+class HParams(NamedTuple):
+    """Float hyperparameters that travel as traced values, so one `vmap` sweeps them.
+
+    `train(key)` takes them from the Config; `train(key, hparams)` overrides them, e.g.
+    `jax.vmap(train)(keys, jax.vmap(lambda lr: config.hparams()._replace(learning_rate=lr))(lrs))`.
+    """
+
+    learning_rate: jax.Array
+    gamma: jax.Array
+    gae_lambda: jax.Array
+    ent_coef: jax.Array
+    vf_coef: jax.Array
+    max_grad_norm: jax.Array
+    rmsprop_alpha: jax.Array
+    eps: jax.Array
+
+
+# --------------------------------------------------------------------------------------------
+# Network
+# --------------------------------------------------------------------------------------------
+class ActorCritic(nn.Module):
+    """pi(a|s) and V(s). MLP observations: separate actor and critic MLPs. Image observations:
+    one shared CNN torso (Conv 16 3x3, Dense 128, as the MinAtar baselines, Young & Tian 2019,
+    arXiv:1903.03176) with a policy head and a value head."""
+
+    spec: EnvSpec
+    hidden_size: int = 64
+    activation: str = "tanh"
+
+    @nn.compact
+    def __call__(self, obs):
+        act = nn.tanh if self.activation == "tanh" else nn.relu
+        dense = lambda n, scale: nn.Dense(n, kernel_init=orthogonal(scale))  # noqa: E731
+        if self.spec.image_obs:
+            x = nn.relu(nn.Conv(16, (3, 3), kernel_init=orthogonal(np.sqrt(2)))(obs))
+            x = nn.relu(dense(128, np.sqrt(2))(x.reshape(x.shape[:-3] + (-1,))))
+            actor, critic = x, x
+        else:
+            actor = act(dense(self.hidden_size, np.sqrt(2))(obs))
+            actor = act(dense(self.hidden_size, np.sqrt(2))(actor))
+            critic = act(dense(self.hidden_size, np.sqrt(2))(obs))
+            critic = act(dense(self.hidden_size, np.sqrt(2))(critic))
+        value = dense(1, 1.0)(critic).squeeze(-1)
+        if self.spec.discrete:
+            pi = distrax.Categorical(logits=dense(self.spec.action_dim, 0.01)(actor))
+        else:
+            mean = dense(self.spec.action_dim, 0.01)(actor)
+            log_std = self.param("log_std", nn.initializers.zeros, (self.spec.action_dim,))
+            pi = distrax.MultivariateNormalDiag(mean, jnp.exp(log_std) * jnp.ones_like(mean))
+        return pi, value
+
+
+class TrainState(NamedTuple):
+    """Everything `train` carries from one update to the next."""
+
+    params: dict
+    opt_state: optax.OptState
+    obs_stats: normalize.RunningStats
+    env: EnvState
+    key: jax.Array
+
+
+class LossInfo(NamedTuple):
+    value_loss: jax.Array
+    policy_loss: jax.Array
+    entropy: jax.Array
+    explained_variance: jax.Array
+
+
+# --------------------------------------------------------------------------------------------
+# Loss
+# --------------------------------------------------------------------------------------------
+def a2c_loss(log_prob_t, entropy_t, v_t, r_t, v_tp1, terminated_t, truncated_t, *, gamma,
+             gae_lambda, ent_coef, vf_coef, norm_adv: bool = False):
+    r"""The A2C loss of one rollout, advantages included.
+
+        A_t, G_t = gae(r_t, V(s_t), V(s'_t), terminated_t, truncated_t, gamma, lambda)
+        L = -mean[A_t log pi(a_t|s_t)] + vf_coef * 0.5 mean[(G_t - V(s_t))^2] - ent_coef mean[H_t]
+
+    With `gae_lambda = 1`, G_t is the n-step return of Mnih et al. (2016, Algorithm S3),
+    G_t = r_t + gamma G_{t+1}, ending in V(s'_t) at a truncation or at the rollout's last step
+    and in 0 at a termination. A_t and G_t are targets: the gradient reaches the policy only
+    through `log_prob_t` and the critic only through `v_t` in the squared error.
+
+    Args:
+      log_prob_t: log pi(a_t|s_t) under the parameters being trained, [T, *batch].
+      entropy_t: H(pi(.|s_t)), [T, *batch].
+      v_t: V(s_t) under the parameters being trained, [T, *batch].
+      r_t, v_tp1, terminated_t, truncated_t: as `common.gae.gae` takes them, [T, *batch];
+        `v_tp1` is V of the observation step t led to, before any automatic reset.
+      gamma, gae_lambda, ent_coef, vf_coef: scalars (Python floats or traced).
+      norm_adv: normalise the advantages to mean 0, std 1 over the rollout.
+
+    Returns:
+      `(loss, LossInfo)`, scalars; `explained_variance` = 1 - Var[G - V] / Var[G].
+    """
+    value = lax.stop_gradient(v_t)
+    advantage, ret = gae(r_t, value, v_tp1, terminated_t, truncated_t, gamma, gae_lambda)
+    if norm_adv:
+        advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+    policy_loss = -(advantage * log_prob_t).mean()
+    value_loss = 0.5 * jnp.square(ret - v_t).mean()
+    entropy = entropy_t.mean()
+    loss = policy_loss + vf_coef * value_loss - ent_coef * entropy
+    explained_variance = 1.0 - jnp.var(ret - value) / jnp.var(ret)
+    return loss, LossInfo(value_loss, policy_loss, entropy, explained_variance)
+
+
+def make_train(config: Config):
+    """Build `train(key, hparams=None) -> (TrainState, metrics)`, jittable and vmappable.
+
+    `metrics` maps names to arrays with one row per update (leading axis `num_updates`).
+    """
+    env, env_params, spec = make_env(config.env_id)
+    network = ActorCritic(spec, config.hidden_size, config.activation)
+    num_updates, batch_size = config.num_updates, config.batch_size
+    report_every = max(1, num_updates // 50)
+    progress = logger.Progress(f"a2c {config.env_id}", num_updates * batch_size) \
+        if config.live_progress else None
+
+    def learning_rate(hp: HParams, update):
+        if config.anneal_lr:
+            return hp.learning_rate * (1.0 - update / num_updates)
+        return hp.learning_rate
+
+    def make_optimizer(hp: HParams):
+        # One optimiser step per update, so the optimiser's step count is the update number.
+        lr = lambda count: learning_rate(hp, count)  # noqa: E731
+        if config.optimizer == "rmsprop":
+            # PyTorch's RMSprop (what SB3 uses): v = alpha v + (1 - alpha) g^2, step
+            # lr g / (sqrt(v) + eps) -- eps outside the square root (optax's default puts it
+            # inside, https://github.com/google-deepmind/optax/issues/532), accumulator
+            # starting at 0, no centring, no momentum.
+            opt = optax.rmsprop(lr, decay=hp.rmsprop_alpha, eps=hp.eps, eps_in_sqrt=False,
+                                centered=False)
+        else:
+            opt = optax.adam(lr, eps=hp.eps)
+        return optax.chain(optax.clip_by_global_norm(hp.max_grad_norm), opt)
+
+    def init(key, hparams: HParams | None = None) -> TrainState:
+        """Fresh parameters, optimiser state and environments for one run."""
+        hp = config.hparams() if hparams is None else hparams
+        key, key_net, key_env = jax.random.split(key, 3)
+        params = network.init(key_net, jnp.zeros((1,) + spec.obs_shape, jnp.float32))
+        return TrainState(params, make_optimizer(hp).init(params), normalize.init(spec.obs_shape),
+                          reset(env, env_params, key_env, config.num_envs), key)
+
+    def update_step(state: TrainState, hp: HParams, update):
+        """One A2C iteration: collect a rollout, take one gradient step on all of it."""
+        key, key_rollout = jax.random.split(state.key)
+        norm = (lambda obs: normalize.normalize(state.obs_stats, obs)) if config.normalize_obs \
+            else (lambda obs: obs)
+
+        # COLLECT TRAJECTORIES with the current policy
+        def policy(key, obs):
+            pi, _ = network.apply(state.params, norm(obs))
+            return pi.sample(seed=key), None
+
+        env_state, traj = rollout(env, env_params, spec, policy, state.env, key_rollout,
+                                  config.num_steps)
+
+        # BOOTSTRAP VALUES: V of the true next observation (the final one where an episode ended)
+        _, v_tp1 = network.apply(state.params, norm(traj.next_obs))
+
+        # UPDATE: one gradient step on the whole rollout (time-major [T, num_envs])
+        def loss_fn(params):
+            pi, v_t = network.apply(params, norm(traj.obs))
+            return a2c_loss(pi.log_prob(traj.action), pi.entropy(), v_t, traj.reward, v_tp1,
+                            traj.terminated, traj.truncated, gamma=hp.gamma,
+                            gae_lambda=hp.gae_lambda, ent_coef=hp.ent_coef,
+                            vf_coef=hp.vf_coef, norm_adv=config.norm_adv)
+
+        grads, info = jax.grad(loss_fn, has_aux=True)(state.params)
+        grads = pmean(grads)  # data-parallel: average over devices (no-op otherwise)
+        updates, opt_state = make_optimizer(hp).update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+
+        obs_stats = state.obs_stats
+        if config.normalize_obs:
+            obs_stats = normalize.update(obs_stats,
+                                         traj.obs.reshape((batch_size,) + spec.obs_shape))
+
+        # METRICS: one row per update
+        ret_sum, len_sum, count = pmean(finished_episode_stats(traj))
+        metrics = {
+            "global_step": (update + 1) * batch_size,
+            "episodic_return": ret_sum / count,
+            "episodic_length": len_sum / count,
+            "learning_rate": learning_rate(hp, update),
+            **pmean(info)._asdict(),
+        }
+        if progress is not None:
+            logger.report_progress(progress, update, num_updates, report_every,
+                                   metrics["global_step"], metrics["episodic_return"])
+        return TrainState(params, opt_state, obs_stats, env_state, key), metrics
+
+    def run_updates(state: TrainState, hparams: HParams | None, updates):
+        """Continue `state` through the updates numbered `updates` (a 1-D int array)."""
+        hp = config.hparams() if hparams is None else hparams
+        return lax.scan(lambda s, u: update_step(s, hp, u), state, updates)
+
+    def train(key, hparams: HParams | None = None):
+        """The whole run in one call: `(final TrainState, metrics)`."""
+        return run_updates(init(key, hparams), hparams, jnp.arange(num_updates))
+
+    # The pieces, for callers that run the updates in chunks (the CLI, checkpointing), and the
+    # host-side printer of `live_progress` (call `train.progress.close()` for its last line).
+    train.init, train.run_updates, train.progress = init, run_updates, progress
+    return train
+
+
+def main(argv=None):
+    """Command line: parse a Config, train `num_seeds` runs together, log each to TensorBoard."""
+    config = cli.parse_config(Config, argv)
+    return cli.train_and_log("A2C", config, make_train(config))
+
+
+if __name__ == "__main__":
+    main()

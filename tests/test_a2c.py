@@ -1,0 +1,299 @@
+"""`algos/a2c.py`: jit + vmap, determinism, the hparam sweep, learning, the CLI, and the loss
+against a hand computation of the n-step advantage.
+
+Kept small (2 CPU cores): one tiny config is compiled once per call form and shared through
+module-scoped fixtures.
+"""
+
+import glob
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from algos.a2c import Config, HParams, a2c_loss, main, make_train
+from common import logger
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = Config(env_id="CartPole-v1", total_timesteps=400, num_envs=4, num_steps=5)  # 20 updates
+METRICS = {"global_step", "episodic_return", "episodic_length", "learning_rate", "value_loss",
+           "policy_loss", "entropy", "explained_variance"}
+LOSSES = ("value_loss", "policy_loss", "entropy", "explained_variance", "learning_rate")
+
+
+@pytest.fixture(scope="module")
+def single():
+    """`jit(train)` of the tiny config, always called with explicit hparams (one compile)."""
+    return jax.jit(make_train(TINY))
+
+
+@pytest.fixture(scope="module")
+def batched():
+    """`jit(vmap(train))` over keys and hparams (one compile for seeds and sweeps alike)."""
+    return jax.jit(jax.vmap(make_train(TINY)))
+
+
+def stacked_hparams(n, **overrides):
+    """`n` copies of TINY's hparams with a leading axis; `overrides` give per-run values."""
+    hp = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,)), TINY.hparams())
+    return hp._replace(**{k: jnp.asarray(v, jnp.float32) for k, v in overrides.items()})
+
+
+def row(tree, i):
+    return jax.tree.map(lambda x: x[i], tree)
+
+
+def assert_metrics_close(a, b, rtol=1e-5):
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_allclose(np.asarray(a[k]), np.asarray(b[k]), rtol=rtol, atol=1e-6,
+                                   err_msg=k)
+
+
+# --------------------------------------------------------------------------------------------
+# jit, vmap, determinism, sweeps
+# --------------------------------------------------------------------------------------------
+def test_jit_vmap_shapes_and_finite_metrics(batched):
+    keys = logger.seed_keys(0, 3)
+    state, metrics = batched(keys, stacked_hparams(3))
+    assert set(metrics) == METRICS
+    for k, v in metrics.items():
+        assert v.shape == (3, TINY.num_updates), k
+    for k in LOSSES:
+        assert np.isfinite(metrics[k]).all(), k
+    np.testing.assert_array_equal(metrics["global_step"][0],
+                                  (np.arange(TINY.num_updates) + 1) * TINY.batch_size)
+    np.testing.assert_allclose(metrics["learning_rate"], TINY.learning_rate, rtol=1e-6)
+    # Episodes finish in 400 CartPole steps: the means are defined on some updates.
+    assert np.isfinite(metrics["episodic_return"]).any()
+    assert state.env.obs.shape == (3, TINY.num_envs, 4)
+
+
+def test_same_key_same_result_and_vmapped_seed_equals_single_run(single, batched):
+    keys = logger.seed_keys(0, 3)
+    _, a = single(keys[1], TINY.hparams())
+    _, b = single(keys[1], TINY.hparams())
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    _, many = batched(keys, stacked_hparams(3))
+    for i in range(3):
+        _, alone = single(keys[i], TINY.hparams())
+        assert_metrics_close(row(many, i), alone)
+    # Different seeds really differ.
+    assert not np.allclose(many["value_loss"][0], many["value_loss"][1])
+
+
+def test_hparam_sweep_element_equals_the_same_run_alone(single, batched):
+    lrs = [1e-3, 3e-3, 1e-4]
+    keys = jnp.stack([jax.random.PRNGKey(7)] * 3)
+    hps = stacked_hparams(3, learning_rate=lrs, ent_coef=[0.0, 0.01, 0.0])
+    _, swept = batched(keys, hps)
+    np.testing.assert_allclose(swept["learning_rate"][:, 0], lrs, rtol=1e-6)
+    for i in range(3):
+        _, alone = single(keys[i], row(hps, i))
+        assert_metrics_close(row(swept, i), alone)
+    assert not np.allclose(swept["value_loss"][0], swept["value_loss"][2])
+
+
+# --------------------------------------------------------------------------------------------
+# Learning
+# --------------------------------------------------------------------------------------------
+def test_learns_cartpole_on_a_small_budget():
+    # Measured with these seeds: first-10% mean return about 24, final about 334 (per seed
+    # 430, 385, 52, 469); thresholds leave room for numerical drift across machines.
+    config = Config(env_id="CartPole-v1", total_timesteps=40_000)
+    _, metrics = jax.jit(jax.vmap(make_train(config)))(logger.seed_keys(0, 4))
+    returns = np.asarray(metrics["episodic_return"])
+    first = np.nanmean(returns[:, : config.num_updates // 10])
+    final = logger.final_return(returns)
+    assert first < 50, first
+    assert final.mean() > 100, final
+
+
+# --------------------------------------------------------------------------------------------
+# Other spaces and options: continuous actions, image observations, normalisation, Adam
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("overrides", [
+    dict(env_id="Pendulum-v1", normalize_obs=True, optimizer="adam", anneal_lr=True,
+         norm_adv=True, gae_lambda=0.95, live_progress=True),
+    dict(env_id="Breakout-MinAtar", ent_coef=0.01),
+], ids=["pendulum-continuous-normobs-adam-progress", "minatar-cnn"])
+def test_continuous_actions_and_image_observations_run(overrides, capfd):
+    config = Config(total_timesteps=400, num_envs=4, num_steps=5, **overrides)
+    train = make_train(config)
+    state, metrics = jax.jit(train)(jax.random.PRNGKey(0))  # hparams from the config
+    for k in LOSSES:
+        assert np.isfinite(metrics[k]).all(), k
+    if config.anneal_lr:
+        np.testing.assert_allclose(metrics["learning_rate"][-1],
+                                   config.learning_rate / config.num_updates, rtol=1e-5)
+    if config.normalize_obs:
+        assert float(state.obs_stats.count) == pytest.approx(400, rel=1e-3)
+    if config.env_id.endswith("MinAtar"):
+        assert any("Conv" in k for k in state.params["params"])
+    if config.live_progress:
+        train.progress.close()
+        out = capfd.readouterr().out
+        assert f"[a2c {config.env_id}] step {400:>12,}" in out, out
+
+
+def test_chunked_updates_equal_one_call(single):
+    key, hp = jax.random.PRNGKey(5), TINY.hparams()
+    train = make_train(TINY)
+    state, metrics = single(key, hp)
+    run = jax.jit(train.run_updates)
+    chunked, rows = train.init(key, hp), []
+    for first in range(0, TINY.num_updates, 5):
+        chunked, m = run(chunked, hp, jnp.arange(first, first + 5))
+        rows.append(m)
+    for k in METRICS:
+        np.testing.assert_array_equal(np.concatenate([r[k] for r in rows]), metrics[k], err_msg=k)
+    for a, b in zip(jax.tree.leaves(chunked.params), jax.tree.leaves(state.params)):
+        np.testing.assert_array_equal(a, b)
+
+
+# --------------------------------------------------------------------------------------------
+# The loss: n-step advantage by hand
+# --------------------------------------------------------------------------------------------
+def n_step_returns(r, v_tp1, terminated, truncated, gamma):
+    """R_t = r_t + gamma R_{t+1} for one environment, written as a plain loop: the tail is
+    V(final observation) after a truncation or at the rollout's end, 0 after a termination."""
+    T = len(r)
+    R = [0.0] * T
+    for t in reversed(range(T)):
+        if terminated[t]:
+            tail = 0.0
+        elif truncated[t] or t == T - 1:
+            tail = v_tp1[t]
+        else:
+            tail = R[t + 1]
+        R[t] = r[t] + gamma * tail
+    return R
+
+
+# T = 3 steps, 2 environments (columns). Env 0 terminates at t=1 (V(s'_1) = 9 must be ignored)
+# and is cut by the rollout's end at t=2; env 1 is truncated by a time limit at t=0 (bootstrap
+# from V(final obs) = 5). Inside an episode V(s'_t) = V(s_{t+1}).
+GAMMA = 0.9
+ROLLOUT = dict(
+    r_t=[[1.0, 0.5], [2.0, -1.0], [3.0, 1.0]],
+    v_t=[[0.5, 1.0], [0.2, 0.3], [-0.1, 0.7]],
+    v_tp1=[[0.2, 5.0], [9.0, 0.7], [0.4, 2.0]],
+    terminated_t=[[False, False], [True, False], [False, False]],
+    truncated_t=[[False, True], [False, False], [False, False]],
+)
+LOG_PROB = [[-0.1, -0.7], [-1.2, -0.3], [-0.5, -2.0]]
+ENTROPY = [[0.6, 0.5], [0.4, 0.69], [0.3, 0.2]]
+
+
+@pytest.mark.parametrize("norm_adv", [False, True])
+@pytest.mark.parametrize("jit", [False, True])
+def test_loss_with_lambda_one_matches_hand_computed_n_step_advantage(norm_adv, jit):
+    ent_coef, vf_coef = 0.01, 0.5
+    col = lambda name, j: [row[j] for row in ROLLOUT[name]]  # noqa: E731
+    R = np.array([n_step_returns(col("r_t", j), col("v_tp1", j), col("terminated_t", j),
+                                 col("truncated_t", j), GAMMA) for j in range(2)]).T
+    np.testing.assert_allclose(R, [[2.8, 5.0], [2.0, 1.52], [3.36, 2.8]], rtol=1e-12)
+    V, logp, H = (np.array(x) for x in (ROLLOUT["v_t"], LOG_PROB, ENTROPY))
+    A = R - V
+    A_used = (A - A.mean()) / (A.std() + 1e-8) if norm_adv else A
+    n = A.size
+    expected_policy_loss = -np.sum(A_used * logp) / n
+    expected_value_loss = 0.5 * np.sum((R - V) ** 2) / n
+    expected_entropy = H.sum() / n
+    expected_loss = (expected_policy_loss + vf_coef * expected_value_loss
+                     - ent_coef * expected_entropy)
+
+    def loss(log_prob, v_t):
+        data = {k: jnp.asarray(v) for k, v in ROLLOUT.items() if k != "v_t"}
+        return a2c_loss(log_prob, jnp.asarray(ENTROPY), v_t, **data, gamma=GAMMA,
+                        gae_lambda=1.0, ent_coef=ent_coef, vf_coef=vf_coef, norm_adv=norm_adv)
+
+    fn = jax.jit(loss) if jit else loss
+    args = (jnp.asarray(LOG_PROB, jnp.float32), jnp.asarray(V, jnp.float32))
+    total, info = fn(*args)
+    np.testing.assert_allclose(total, expected_loss, rtol=1e-5)
+    np.testing.assert_allclose(info.policy_loss, expected_policy_loss, rtol=1e-5)
+    np.testing.assert_allclose(info.value_loss, expected_value_loss, rtol=1e-5)
+    np.testing.assert_allclose(info.entropy, expected_entropy, rtol=1e-5)
+    np.testing.assert_allclose(info.explained_variance, 1 - np.var(R - V) / np.var(R), rtol=1e-5)
+
+    # The advantage is a target: the policy gradient is -A/n per sample, and V gets gradient
+    # only from the squared error, vf_coef * (V - R) / n.
+    d_logp, d_v = jax.grad(lambda *a: fn(*a)[0], argnums=(0, 1))(*args)
+    np.testing.assert_allclose(d_logp, -A_used / n, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(d_v, vf_coef * (V - R) / n, rtol=1e-5, atol=1e-7)
+
+
+# --------------------------------------------------------------------------------------------
+# Config and command line
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("overrides,flag", [
+    (dict(num_envs=0), "--num-envs"), (dict(optimizer="sgd"), "--optimizer"),
+    (dict(rmsprop_alpha=1.0), "--rmsprop-alpha"), (dict(eps=0.0), "--eps"),
+    (dict(gae_lambda=1.5), "--gae-lambda"), (dict(total_timesteps=10), "--total-timesteps"),
+    (dict(env_id="CartPol-v1"), "CartPole-v1"),
+])
+def test_config_rejects_bad_values_naming_the_flag(overrides, flag):
+    with pytest.raises(ValueError, match=flag):
+        Config(**overrides)
+
+
+def run_cli(args, tmp_path):
+    env = {**os.environ, "ONPOLICY_JAX_CACHE": str(tmp_path / "xla")}
+    return subprocess.run([sys.executable, "algos/a2c.py", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_smoke(tmp_path):
+    result = run_cli(["--total-timesteps", "800", "--num-envs", "4", "--num-seeds", "2",
+                      "--log-dir", str(tmp_path / "runs")], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[a2c CartPole-v1] step" in result.stdout and "SPS" in result.stdout
+    assert "done: A2C on CartPole-v1, 2 run(s)" in result.stdout
+    runs = sorted(os.listdir(tmp_path / "runs"))
+    assert [r.split("__")[:3] for r in runs] == [["CartPole-v1", "a2c", "1"],
+                                                 ["CartPole-v1", "a2c", "2"]], runs
+    for run in runs:
+        assert glob.glob(str(tmp_path / "runs" / run / "events.out.tfevents.*")), run
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--num-envs", "0"], "--num-envs must be a positive integer"),
+    (["--rmsprop-alpha", "1.0"], "--rmsprop-alpha must be in [0, 1)"),
+    (["--env-id", "CartPole-v9"], "unknown environment id 'CartPole-v9'"),
+    (["--total-timesteps", "50"], "less than one rollout"),
+])
+def test_cli_bad_value_is_one_clear_line_and_exit_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err, err
+    assert len(err.splitlines()) == 1
+
+
+def test_cli_bad_value_from_a_real_process_has_no_traceback(tmp_path):
+    result = run_cli(["--num-envs", "0"], tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--num-envs" in lines[0], result.stderr
+
+
+def test_cli_unknown_optimizer_is_refused():
+    # tyro checks the Literal choices itself (its own message, exit 2).
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--optimizer", "sgd"])
+    assert exit_info.value.code == 2
+
+
+def test_hparams_are_float32_scalars():
+    hp = TINY.hparams()
+    assert isinstance(hp, HParams)
+    for name, x in hp._asdict().items():
+        assert x.shape == () and x.dtype == jnp.float32, name
