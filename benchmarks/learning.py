@@ -1,0 +1,88 @@
+"""Learning benchmark: train N vmapped seeds of one algorithm on one environment.
+
+    python benchmarks/learning.py --algo ppo --env-id CartPole-v1 --seeds 32
+
+Settings come from `benchmarks/configs.py` (override the budget with --total-timesteps).
+Prints the final return (mean over the last 10% of updates) per seed, their mean, std and
+min, and the steady-state SPS; saves the per-update episodic return of every seed, with the
+command, commit and library versions, to `benchmarks/results/{algo}__{env_id}.json`.
+"""
+
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import subprocess
+import sys
+import time
+from importlib import metadata
+
+import jax
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from benchmarks.configs import CONFIGS  # noqa: E402
+from common.logger import final_return, seed_keys  # noqa: E402
+
+
+def run_cell(algo: str, env_id: str, seeds: int, total_timesteps=None, seed: int = 1,
+             **overrides):
+    module = importlib.import_module(f"algos.{algo}")
+    settings = {**CONFIGS.get((algo, env_id), {}), **overrides}
+    if total_timesteps is not None:
+        settings["total_timesteps"] = total_timesteps
+    config = module.Config(env_id=env_id, seed=seed, num_seeds=seeds, **settings)
+    keys = seed_keys(seed, seeds)
+    start = time.perf_counter()
+    train = jax.jit(jax.vmap(module.make_train(config))).lower(keys).compile()
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    _, metrics = jax.block_until_ready(train(keys))
+    train_s = time.perf_counter() - start
+    metrics = jax.tree.map(np.asarray, metrics)
+    return config, metrics, compile_s, train_s
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--algo", default="ppo", choices=["ppo", "a2c", "impala"])
+    parser.add_argument("--env-id", default="CartPole-v1")
+    parser.add_argument("--seeds", type=int, default=16)
+    parser.add_argument("--total-timesteps", type=int, default=None)
+    parser.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results"))
+    args = parser.parse_args()
+
+    config, metrics, compile_s, train_s = run_cell(args.algo, args.env_id, args.seeds,
+                                                   args.total_timesteps)
+    final = final_return(metrics["episodic_return"])
+    steps = config.num_updates * config.batch_size
+    print(f"{args.algo} {args.env_id}: {args.seeds} seeds x {steps:,} steps | final return "
+          f"(last 10% of updates) mean {final.mean():.2f} +- {final.std():.2f} (std), "
+          f"min {final.min():.2f}, max {final.max():.2f} | compile {compile_s:.1f}s, "
+          f"train {train_s:.1f}s, {steps * args.seeds / train_s:,.0f} SPS (all seeds)")
+    print("per seed:", " ".join(f"{x:.1f}" for x in final))
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    record = {
+        "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
+        "commit": commit,
+        "versions": {p: metadata.version(p) for p in ("jax", "jaxlib", "flax", "optax",
+                                                       "distrax", "gymnax")},
+        "config": dataclasses.asdict(config),
+        "compile_s": round(compile_s, 2), "train_s": round(train_s, 2),
+        "global_step": metrics["global_step"][0].tolist(),
+        "episodic_return": np.round(metrics["episodic_return"], 2).tolist(),
+        "final_return": np.round(final, 2).tolist(),
+    }
+    os.makedirs(args.out_dir, exist_ok=True)
+    path = os.path.join(args.out_dir, f"{args.algo}__{args.env_id}.json")
+    with open(path, "w") as f:
+        json.dump(record, f, separators=(",", ":"))
+    print("saved", os.path.relpath(path, ROOT))
+
+
+if __name__ == "__main__":
+    main()
