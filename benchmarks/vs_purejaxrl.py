@@ -72,7 +72,7 @@ def main():
     parser.add_argument("--out", default="benchmarks/out/vs_purejaxrl.json")
     args = parser.parse_args()
 
-    config = Config(total_timesteps=args.total_timesteps, progress=False)
+    config = Config(total_timesteps=args.total_timesteps)
     reference = load_reference(args.reference)
     ref_config = {
         "LR": config.learning_rate, "NUM_ENVS": config.num_envs, "NUM_STEPS": config.num_steps,
