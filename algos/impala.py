@@ -1,0 +1,462 @@
+"""IMPALA: an actor-critic that learns from lagged actors with the V-Trace correction, in one file.
+
+Espeholt, Soyer, Munos, Simonyan, Mnih, Ward, Doron, Firoiu, Harley, Dunning, Legg, Kavukcuoglu
+(2018), "IMPALA: Scalable Distributed Deep-RL with Importance Weighted Actor-Learner
+Architectures", arXiv:1802.01561. Actors act with a *behaviour* policy mu, a copy of the
+learner's parameters that lags behind it; the learner corrects for the lag with V-Trace
+(Sec. 4.1, `common/vtrace.py`) and takes the V-Trace actor-critic step of Sec. 4.2: a policy
+gradient weighted by the clipped importance ratio and the V-Trace advantage, a baseline loss
+towards the V-Trace targets `vs`, and an entropy bonus.
+
+What differs from the paper:
+- actors and learner run in lockstep inside one compiled `train(key)`, and the policy lag is
+  exact rather than random: the actors of update k act with the learner's parameters of
+  update `k - actor_lag`, kept in a small queue of past parameters in the carry
+  (`TrainState.past_params`; `actor_lag = 0` is synchronous, i.e. A2C with V-Trace targets);
+- the losses are means over the batch, not sums (so `vf_coef` = the paper's baseline cost 0.5
+  with the same `0.5 * (vs - V)^2` baseline loss, and the learning rate does not depend on the
+  batch size); optionally several epochs of minibatches over each batch of trajectories
+  (minibatches split the environments, never the time axis, which V-Trace runs along);
+- optional penalty on KL(mu || pi) (`kl_coef`, default 0), estimated from the behaviour's own
+  samples with Schulman's k3 estimator, http://joschu.net/blog/kl-approx.html;
+- feed-forward networks as in `algos/ppo.py` (separate 64x64 tanh actor and critic MLPs, or the
+  small MinAtar CNN), no LSTM, no reward clipping; optional observation normalisation (the
+  actors use the learner's current statistics: only the network parameters lag);
+- a time-limit truncation bootstraps from the final observation (Pardo et al. 2018,
+  arXiv:1712.00378), as in `common/gae.py`.
+`vtrace = False` keeps everything else and drops the correction (`log_rhos = 0`: the
+"no-correction" baseline of the paper's Sec. 5.3), for ablations.
+
+Use it from the command line, `python algos/impala.py --env-id CartPole-v1 --num-seeds 4`, or
+from Python:
+
+    train = make_train(Config(env_id="CartPole-v1"))
+    state, metrics = jax.jit(train)(jax.random.PRNGKey(0))
+    states, metrics = jax.jit(jax.vmap(train))(jax.random.split(key, 16))   # 16 seeds
+"""
+
+import dataclasses
+from typing import Literal, NamedTuple
+
+import distrax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import tyro
+from jax import lax
+
+from common import cli, logger, normalize
+from common.distributed import pmean
+from common.envs import EnvSpec, make_env
+from common.init import orthogonal
+from common.rollout import EnvState, finished_episode_stats, reset, rollout
+from common.vtrace import vtrace
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """IMPALA hyperparameters. Defaults: the paper's Atari settings (Espeholt et al. 2018,
+    appendix) and DeepMind's `scalable_agent/experiment.py`, except where a field says why."""
+
+    # --- run ---
+    exp_name: str = "impala"
+    """Experiment name, part of the run directory name."""
+    seed: int = 1
+    """Seed of the first run; run i of `num_seeds` uses seed `seed + i`."""
+    num_seeds: int = 1
+    """Independent runs trained together in one vmapped call, each logged as its own run."""
+    log_dir: str = "runs"
+    """TensorBoard runs go to `{log_dir}/{env_id}__{exp_name}__{seed}__{unix_time}`."""
+    live_progress: tyro.conf.Suppress[bool] = False
+    """Python API only: print progress from inside the compiled `train` (jax.debug.callback)."""
+    checkpoint_every: int = 0
+    """Checkpoint every N updates (0: only at the end and on Ctrl-C), to `latest.msgpack` in
+    the first run's log directory (or the file given to `--resume`)."""
+    resume: str | None = None
+    """Continue the run saved in this checkpoint file (or directory), exactly where it
+    stopped; flags not given take the saved run's values."""
+    eval_every: int = 0
+    """Evaluate the learner's deterministic policy (mode of pi) every N updates and at the
+    end (0: never), logged as `eval/episodic_return`."""
+    eval_episodes: int = 10
+    """Episodes per evaluation, each in its own environment."""
+
+    # --- environment ---
+    env_id: str = "CartPole-v1"
+    """A gymnax environment id."""
+    total_timesteps: int = 1_000_000
+    """Environment steps per run (rounded down to whole updates); 1e6: the CartPole target."""
+    num_envs: int = 32
+    """Parallel environments per run: trajectories per batch (paper: batch size 32)."""
+    num_steps: int = 20
+    """Steps per environment per batch: the unroll length (paper, Atari: 20)."""
+    normalize_obs: bool = False
+    """Normalise observations with running mean and variance (`common/normalize.py`)."""
+
+    # --- algorithm ---
+    actor_lag: int = 1
+    """Policy lag: the actors of update k act with the learner's parameters of update
+    `k - actor_lag` (0: synchronous)."""
+    vtrace: bool = True
+    """Correct for the lag with V-Trace; False uses the uncorrected on-policy actor-critic
+    targets on the same data (`log_rhos = 0`), for ablations."""
+    optimizer: Literal["rmsprop", "adam"] = "rmsprop"
+    """RMSProp (paper: decay 0.99, momentum 0) or Adam (eps 1e-5)."""
+    learning_rate: float = 5e-3
+    """Learning rate (the start value when annealed). Tuned on CartPole-v1 (the paper's 6e-4
+    is for Atari with summed losses): 1e-3 learns too slowly for 1e6 steps, 2e-2 collapsed
+    one run in 16, 5e-3 and 1e-2 reached ~499."""
+    anneal_lr: bool = True
+    """Anneal the learning rate linearly to 0 over the run (paper: yes)."""
+    rms_decay: float = 0.99
+    """RMSProp decay of the squared-gradient average (paper: 0.99)."""
+    rms_eps: float = 0.01
+    """RMSProp epsilon, added inside the square root as in TensorFlow's RMSProp, which the
+    paper used (paper, Atari: 0.01; `scalable_agent` defaults to 0.1)."""
+    gamma: float = 0.99
+    """Discount factor (paper: 0.99)."""
+    vtrace_lambda: float = 1.0
+    """V-Trace lambda (Remark 2 of Sec. 4.1; paper: 1)."""
+    rho_bar: float = 1.0
+    """Truncation of the importance weight in the V-Trace targets (paper: 1)."""
+    c_bar: float = 1.0
+    """Truncation of the V-Trace trace coefficients (paper: 1)."""
+    pg_rho_bar: float = 1.0
+    """Truncation of the importance weight of the policy gradient (paper: 1)."""
+    num_minibatches: int = 1
+    """Minibatches per epoch; they split the environments (paper: 1)."""
+    update_epochs: int = 1
+    """Epochs over each batch of trajectories (paper: 1)."""
+    ent_coef: float = 0.01
+    """Entropy bonus coefficient (paper, Atari: 0.01)."""
+    vf_coef: float = 0.5
+    """Baseline (value) loss coefficient (paper: baseline cost 0.5)."""
+    kl_coef: float = 0.0
+    """Coefficient of the KL(behaviour || learner) penalty (0: off)."""
+    max_grad_norm: float = 40.0
+    """Global gradient-norm clip (paper: 40)."""
+
+    # --- network ---
+    hidden_size: int = 64
+    """Width of the two hidden layers of the actor and critic MLPs."""
+    activation: Literal["tanh", "relu"] = "tanh"
+    """Activation of the MLPs (the CNN torso always uses ReLU)."""
+
+    def __post_init__(self):
+        positive = ("num_seeds", "total_timesteps", "num_envs", "num_steps", "num_minibatches",
+                    "update_epochs", "hidden_size", "eval_episodes")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, "
+                                 f"got {getattr(self, name)}.")
+        for name in ("checkpoint_every", "eval_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0: never), got "
+                                 f"{getattr(self, name)}.")
+        if self.actor_lag < 0:
+            raise ValueError(f"--actor-lag must be >= 0, got {self.actor_lag}.")
+        if self.num_envs % self.num_minibatches:
+            raise ValueError(
+                f"--num-envs {self.num_envs} is not divisible by --num-minibatches "
+                f"{self.num_minibatches} (minibatches split the environments); pick sizes "
+                "that divide.")
+        if self.total_timesteps < self.batch_size:
+            raise ValueError(f"--total-timesteps {self.total_timesteps} is less than one "
+                             f"batch (num_envs * num_steps = {self.batch_size}).")
+        for name in ("learning_rate", "max_grad_norm", "rms_eps", "rho_bar", "c_bar",
+                     "pg_rho_bar"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0, got "
+                                 f"{getattr(self, name)}.")
+        for name in ("gamma", "vtrace_lambda", "rms_decay"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1], got "
+                                 f"{getattr(self, name)}.")
+        for name in ("ent_coef", "vf_coef", "kl_coef"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got "
+                                 f"{getattr(self, name)}.")
+        if self.optimizer not in ("rmsprop", "adam"):
+            raise ValueError(f"--optimizer must be 'rmsprop' or 'adam', got {self.optimizer!r}.")
+        if self.activation not in ("tanh", "relu"):
+            raise ValueError(f"--activation must be 'tanh' or 'relu', got {self.activation!r}.")
+        make_env(self.env_id)  # an unknown id fails here, before anything compiles
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.batch_size
+
+    def hparams(self) -> "HParams":
+        """The float hyperparameters as traced values (see `HParams`)."""
+        return HParams(*(jnp.asarray(getattr(self, f), jnp.float32) for f in HParams._fields))
+
+
+class HParams(NamedTuple):
+    """Float hyperparameters that travel as traced values, so one `vmap` sweeps them.
+
+    `train(key)` takes them from the Config; `train(key, hparams)` overrides them, e.g.
+    `jax.vmap(train)(keys, jax.vmap(lambda lr: config.hparams()._replace(learning_rate=lr))(lrs))`.
+    """
+
+    learning_rate: jax.Array
+    rms_decay: jax.Array
+    rms_eps: jax.Array
+    gamma: jax.Array
+    vtrace_lambda: jax.Array
+    rho_bar: jax.Array
+    c_bar: jax.Array
+    pg_rho_bar: jax.Array
+    ent_coef: jax.Array
+    vf_coef: jax.Array
+    kl_coef: jax.Array
+    max_grad_norm: jax.Array
+
+
+# --------------------------------------------------------------------------------------------
+# Network
+# --------------------------------------------------------------------------------------------
+class ActorCritic(nn.Module):
+    """pi(a|s) and V(s). MLP observations: separate actor and critic MLPs. Image observations:
+    one shared CNN torso (Conv 16 3x3, Dense 128, as the MinAtar baselines, Young & Tian 2019,
+    arXiv:1903.03176) with a policy head and a value head."""
+
+    spec: EnvSpec
+    hidden_size: int = 64
+    activation: str = "tanh"
+
+    @nn.compact
+    def __call__(self, obs):
+        act = nn.tanh if self.activation == "tanh" else nn.relu
+        dense = lambda n, scale: nn.Dense(n, kernel_init=orthogonal(scale))  # noqa: E731
+        if self.spec.image_obs:
+            x = nn.relu(nn.Conv(16, (3, 3), kernel_init=orthogonal(np.sqrt(2)))(obs))
+            x = nn.relu(dense(128, np.sqrt(2))(x.reshape(x.shape[:-3] + (-1,))))
+            actor, critic = x, x
+        else:
+            actor = act(dense(self.hidden_size, np.sqrt(2))(obs))
+            actor = act(dense(self.hidden_size, np.sqrt(2))(actor))
+            critic = act(dense(self.hidden_size, np.sqrt(2))(obs))
+            critic = act(dense(self.hidden_size, np.sqrt(2))(critic))
+        value = dense(1, 1.0)(critic).squeeze(-1)
+        if self.spec.discrete:
+            pi = distrax.Categorical(logits=dense(self.spec.action_dim, 0.01)(actor))
+        else:
+            mean = dense(self.spec.action_dim, 0.01)(actor)
+            log_std = self.param("log_std", nn.initializers.zeros, (self.spec.action_dim,))
+            pi = distrax.MultivariateNormalDiag(mean, jnp.exp(log_std) * jnp.ones_like(mean))
+        return pi, value
+
+
+class Transition(NamedTuple):
+    """The learner's view of a batch of trajectories, time-major: every field [T, num_envs, ...]."""
+
+    obs: jax.Array
+    action: jax.Array
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    next_obs: jax.Array
+    """s'_t before any automatic reset, for the bootstrap value V(s'_t)."""
+    behaviour_log_prob: jax.Array
+    """log mu(a_t|s_t), recorded by the actor when it acted."""
+
+
+class TrainState(NamedTuple):
+    """Everything `train` carries from one update to the next."""
+
+    params: dict
+    """The learner's parameters."""
+    past_params: dict
+    """The learner's parameters of the last `actor_lag` updates, oldest first: every leaf has a
+    leading axis of size `actor_lag`. Before update k it holds the parameters of updates
+    `k - actor_lag, ..., k - 1` (the initial parameters where those are negative); the actors
+    of update k act with `past_params[0]`. Empty (size 0) when `actor_lag = 0`."""
+    opt_state: optax.OptState
+    obs_stats: normalize.RunningStats
+    env: EnvState
+    key: jax.Array
+
+
+class LossInfo(NamedTuple):
+    value_loss: jax.Array
+    policy_loss: jax.Array
+    entropy: jax.Array
+    approx_kl: jax.Array
+    """KL(behaviour || learner), k3 estimate from the behaviour's samples."""
+    explained_variance: jax.Array
+    """1 - Var(vs - V) / Var(vs)."""
+    mean_clipped_rho: jax.Array
+    """Mean of min(rho_bar, rho_t)."""
+    rho_clip_fraction: jax.Array
+    """Fraction of the rho_t above rho_bar."""
+
+
+def make_train(config: Config):
+    """Build `train(key, hparams=None) -> (TrainState, metrics)`, jittable and vmappable.
+
+    `metrics` maps names to arrays with one row per update (leading axis `num_updates`).
+    """
+    env, env_params, spec = make_env(config.env_id)
+    network = ActorCritic(spec, config.hidden_size, config.activation)
+    num_updates, batch_size, lag = config.num_updates, config.batch_size, config.actor_lag
+    envs_per_minibatch = config.num_envs // config.num_minibatches
+    report_every = max(1, num_updates // 50)
+    progress = logger.Progress(f"impala {config.env_id}", num_updates * batch_size) \
+        if config.live_progress else None
+
+    def learning_rate(hp: HParams, update):
+        if config.anneal_lr:
+            return hp.learning_rate * (1.0 - update / num_updates)
+        return hp.learning_rate
+
+    def make_optimizer(hp: HParams):
+        # Counts optimiser steps; one update makes update_epochs * num_minibatches of them.
+        steps_per_update = config.update_epochs * config.num_minibatches
+        lr = lambda count: learning_rate(hp, count // steps_per_update)  # noqa: E731
+        if config.optimizer == "rmsprop":
+            # TensorFlow's RMSProp as in the paper: v = decay v + (1 - decay) g^2, step
+            # lr g / sqrt(v + eps), no momentum, no centring. The accumulator starts at 0 (TF1
+            # started it at 1, which slowed early learning on CartPole).
+            step = optax.rmsprop(lr, decay=hp.rms_decay, eps=hp.rms_eps, eps_in_sqrt=True)
+        else:
+            step = optax.adam(lr, eps=1e-5)
+        return optax.chain(optax.clip_by_global_norm(hp.max_grad_norm), step)
+
+    def loss_fn(params, hp: HParams, obs_stats, batch: Transition):
+        norm = (lambda obs: normalize.normalize(obs_stats, obs)) if config.normalize_obs \
+            else (lambda obs: obs)
+        pi, v_t = network.apply(params, norm(batch.obs))
+        _, v_tp1 = network.apply(params, norm(batch.next_obs))
+        log_prob_t = pi.log_prob(batch.action)
+        log_rho_t = log_prob_t - batch.behaviour_log_prob
+        # V-TRACE targets and advantages from the learner's current critic (Sec. 4.1-4.2);
+        # both are targets, so the gradient reaches pi through log_prob_t and V through v_t.
+        vs_t, pg_advantage_t = vtrace(
+            log_rho_t if config.vtrace else jnp.zeros_like(log_rho_t), batch.reward, v_t, v_tp1,
+            batch.terminated, batch.truncated, hp.gamma, lambda_=hp.vtrace_lambda,
+            rho_bar=hp.rho_bar, c_bar=hp.c_bar, pg_rho_bar=hp.pg_rho_bar)
+        policy_loss = -(pg_advantage_t * log_prob_t).mean()
+        value_loss = 0.5 * jnp.square(vs_t - v_t).mean()
+        entropy = pi.entropy().mean()
+        # k3 estimate of KL(mu || pi) from mu's samples; the log-ratio is capped so that an
+        # extreme ratio cannot overflow (and turn kl_coef = 0 times inf into NaN gradients).
+        capped = jnp.minimum(log_rho_t, 20.0)
+        kl = (jnp.exp(capped) - 1.0 - capped).mean()
+        loss = policy_loss + hp.vf_coef * value_loss - hp.ent_coef * entropy + hp.kl_coef * kl
+        rho_t = jnp.exp(lax.stop_gradient(log_rho_t))
+        info = LossInfo(
+            value_loss, policy_loss, entropy, lax.stop_gradient(kl),
+            1.0 - jnp.var(vs_t - lax.stop_gradient(v_t)) / jnp.var(vs_t),
+            jnp.minimum(hp.rho_bar, rho_t).mean(),
+            (rho_t > hp.rho_bar).astype(jnp.float32).mean())
+        return loss, info
+
+    def init(key, hparams: HParams | None = None) -> TrainState:
+        """Fresh parameters, optimiser state and environments for one run."""
+        hp = config.hparams() if hparams is None else hparams
+        key, key_net, key_env = jax.random.split(key, 3)
+        params = network.init(key_net, jnp.zeros((1,) + spec.obs_shape, jnp.float32))
+        past_params = jax.tree.map(lambda x: jnp.repeat(x[None], lag, axis=0), params)
+        return TrainState(params, past_params, make_optimizer(hp).init(params),
+                          normalize.init(spec.obs_shape),
+                          reset(env, env_params, key_env, config.num_envs), key)
+
+    def update_step(state: TrainState, hp: HParams, update):
+        """One IMPALA iteration: lagged actors collect a batch, the learner learns from it."""
+        optimizer = make_optimizer(hp)
+        key, key_rollout, key_epochs = jax.random.split(state.key, 3)
+
+        # ACT with the behaviour policy: the learner's parameters from `actor_lag` updates ago
+        behaviour_params = jax.tree.map(lambda x: x[0], state.past_params) if lag \
+            else state.params
+
+        def policy(key, obs):
+            if config.normalize_obs:
+                obs = normalize.normalize(state.obs_stats, obs)
+            pi, _ = network.apply(behaviour_params, obs)
+            return pi.sample_and_log_prob(seed=key)
+
+        env_state, traj = rollout(env, env_params, spec, policy, state.env, key_rollout,
+                                  config.num_steps)
+        data = Transition(traj.obs, traj.action, traj.reward, traj.terminated, traj.truncated,
+                          traj.next_obs, traj.policy_info)
+
+        # LEARN: update_epochs passes over minibatches of whole trajectories
+        def epoch(carry, key):
+            def minibatch(carry, batch: Transition):
+                params, opt_state = carry
+                grads, info = jax.grad(loss_fn, has_aux=True)(params, hp, state.obs_stats, batch)
+                grads = pmean(grads)  # data-parallel: average over devices (no-op otherwise)
+                updates, opt_state = optimizer.update(grads, opt_state, params)
+                return (optax.apply_updates(params, updates), opt_state), info
+
+            order = jax.random.permutation(key, config.num_envs)
+            batches = jax.tree.map(  # [T, num_envs, ...] -> [minibatch, T, envs_per_mb, ...]
+                lambda x: jnp.swapaxes(x[:, order].reshape(
+                    (config.num_steps, config.num_minibatches, envs_per_minibatch) + x.shape[2:]),
+                    0, 1), data)
+            return lax.scan(minibatch, carry, batches)
+
+        (params, opt_state), info = lax.scan(
+            epoch, (state.params, state.opt_state),
+            jax.random.split(key_epochs, config.update_epochs))
+
+        # LAG: the parameters this update started from join the queue, the oldest leave it
+        past_params = jax.tree.map(
+            lambda q, p: jnp.concatenate([q[1:], p[None]]), state.past_params, state.params) \
+            if lag else state.past_params
+
+        obs_stats = state.obs_stats
+        if config.normalize_obs:
+            obs_stats = normalize.update(obs_stats, data.obs.reshape((-1,) + spec.obs_shape))
+
+        # METRICS: one row per update, losses averaged over the minibatches
+        ret_sum, len_sum, count = pmean(finished_episode_stats(traj))
+        metrics = {
+            "global_step": (update + 1) * batch_size,
+            "episodic_return": ret_sum / count,
+            "episodic_length": len_sum / count,
+            "learning_rate": learning_rate(hp, update),
+            **jax.tree.map(lambda x: pmean(x.mean()), info)._asdict(),
+        }
+        if progress is not None:
+            logger.report_progress(progress, update, num_updates, report_every,
+                                   metrics["global_step"], metrics["episodic_return"])
+        return TrainState(params, past_params, opt_state, obs_stats, env_state, key), metrics
+
+    def act(state: TrainState, obs):
+        """The learner's deterministic policy, for evaluation: the mode of pi(.|obs)."""
+        if config.normalize_obs:
+            obs = normalize.normalize(state.obs_stats, obs)
+        return network.apply(state.params, obs)[0].mode()
+
+    def run_updates(state: TrainState, hparams: HParams | None, updates):
+        """Continue `state` through the updates numbered `updates` (a 1-D int array)."""
+        hp = config.hparams() if hparams is None else hparams
+        return lax.scan(lambda s, u: update_step(s, hp, u), state, updates)
+
+    def train(key, hparams: HParams | None = None):
+        """The whole run in one call: `(final TrainState, metrics)`."""
+        return run_updates(init(key, hparams), hparams, jnp.arange(num_updates))
+
+    # The pieces, for callers that run the updates in chunks (the CLI, checkpointing), the
+    # evaluation policy, and the host-side printer of `live_progress` (call
+    # `train.progress.close()` for its last line).
+    train.init, train.run_updates, train.act, train.progress = init, run_updates, act, progress
+    return train
+
+
+def main(argv=None):
+    """Command line: parse a Config, train `num_seeds` runs together, log each to TensorBoard."""
+    config = cli.parse_config(Config, argv)
+    return cli.train_and_log("IMPALA", config, make_train(config))
+
+
+if __name__ == "__main__":
+    main()
