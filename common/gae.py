@@ -14,6 +14,7 @@ The one change from the paper's formula is that the end of an episode comes in t
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 
@@ -44,8 +45,8 @@ def gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda):
     shape = values.shape
     for name, x in (("rewards", rewards), ("next_values", next_values),
                     ("terminated", terminated), ("truncated", truncated)):
-        if jnp.shape(x) != shape:
-            raise ValueError(f"gae: `{name}` has shape {jnp.shape(x)}, expected {shape} "
+        if np.shape(x) != shape:
+            raise ValueError(f"gae: `{name}` has shape {np.shape(x)}, expected {shape} "
                              "(the shape of `values`, time-major [T, *batch]).")
     if len(shape) < 1:
         raise ValueError("gae: inputs need a leading time axis, shape [T, *batch].")
