@@ -77,6 +77,17 @@ class Config:
     """TensorBoard runs go to `{log_dir}/{env_id}__{exp_name}__{seed}__{unix_time}`."""
     live_progress: tyro.conf.Suppress[bool] = False
     """Python API only: print progress from inside the compiled `train` (jax.debug.callback)."""
+    checkpoint_every: int = 0
+    """Checkpoint every N updates (0: only at the end and on Ctrl-C), to `latest.msgpack` in
+    the first run's log directory (or the file given to `--resume`)."""
+    resume: str | None = None
+    """Continue the run saved in this checkpoint file (or directory), exactly where it
+    stopped; flags not given take the saved run's values."""
+    eval_every: int = 0
+    """Evaluate the deterministic policy (mode of pi) every N updates and at the end
+    (0: never), logged as `eval/episodic_return`."""
+    eval_episodes: int = 10
+    """Episodes per evaluation, each in its own environment."""
 
     # --- environment ---
     env_id: str = "CartPole-v1"
@@ -122,10 +133,15 @@ class Config:
     """Activation of the MLPs (the CNN torso always uses ReLU)."""
 
     def __post_init__(self):
-        for name in ("num_seeds", "total_timesteps", "num_envs", "num_steps", "hidden_size"):
+        for name in ("num_seeds", "total_timesteps", "num_envs", "num_steps", "hidden_size",
+                     "eval_episodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, "
                                  f"got {getattr(self, name)}.")
+        for name in ("checkpoint_every", "eval_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0: never), got "
+                                 f"{getattr(self, name)}.")
         if self.total_timesteps < self.batch_size:
             raise ValueError(f"--total-timesteps {self.total_timesteps} is less than one "
                              f"rollout (num_envs * num_steps = {self.batch_size}).")
@@ -358,6 +374,12 @@ def make_train(config: Config):
                                    metrics["global_step"], metrics["episodic_return"])
         return TrainState(params, opt_state, obs_stats, env_state, key), metrics
 
+    def act(state: TrainState, obs):
+        """The deterministic policy, for evaluation: the mode of pi(.|obs)."""
+        if config.normalize_obs:
+            obs = normalize.normalize(state.obs_stats, obs)
+        return network.apply(state.params, obs)[0].mode()
+
     def run_updates(state: TrainState, hparams: HParams | None, updates):
         """Continue `state` through the updates numbered `updates` (a 1-D int array)."""
         hp = config.hparams() if hparams is None else hparams
@@ -367,9 +389,10 @@ def make_train(config: Config):
         """The whole run in one call: `(final TrainState, metrics)`."""
         return run_updates(init(key, hparams), hparams, jnp.arange(num_updates))
 
-    # The pieces, for callers that run the updates in chunks (the CLI, checkpointing), and the
-    # host-side printer of `live_progress` (call `train.progress.close()` for its last line).
-    train.init, train.run_updates, train.progress = init, run_updates, progress
+    # The pieces, for callers that run the updates in chunks (the CLI, checkpointing), the
+    # evaluation policy, and the host-side printer of `live_progress` (call
+    # `train.progress.close()` for its last line).
+    train.init, train.run_updates, train.act, train.progress = init, run_updates, act, progress
     return train
 
 

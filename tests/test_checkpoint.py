@@ -1,0 +1,263 @@
+"""Checkpoints and exact resume (`common/checkpoint.py`, `common/cli.py`), through PPO's CLI.
+
+One small config (512 tiny updates, 2 seeds, chunks of 16) is trained once uninterrupted in
+this process; every other run here (interrupted by SIGINT in-process, killed by SIGKILL in a
+subprocess, then resumed) must end with the same training state and metrics, bitwise. They
+share one compiled chunk through JAX's persistent compilation cache.
+"""
+
+import glob
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from algos.ppo import Config, main, make_train
+from common import checkpoint, cli, logger
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARGS = ["--env-id", "CartPole-v1", "--total-timesteps", "65536", "--num-envs", "4",
+        "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1", "--num-seeds", "2",
+        "--checkpoint-every", "64", "--eval-every", "128", "--eval-episodes", "4"]
+NUM_UPDATES, CHUNK = 512, 16  # cli.chunk_size(512, 64, 128) == 16
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One persistent compilation cache for this module's runs, in- and out-of-process."""
+    path = str(tmp_path_factory.mktemp("xla_cache"))
+    previous = os.environ.get("ONPOLICY_JAX_CACHE")
+    os.environ["ONPOLICY_JAX_CACHE"] = path
+    yield path
+    if previous is None:
+        os.environ.pop("ONPOLICY_JAX_CACHE")
+    else:
+        os.environ["ONPOLICY_JAX_CACHE"] = previous
+
+
+def latest(log_dir) -> str:
+    (path,) = glob.glob(os.path.join(str(log_dir), "*", checkpoint.LATEST))
+    return path
+
+
+def restored(record):
+    """The TrainState of a checkpoint record of ARGS' config."""
+    config = cli.parse_config(Config, ARGS)
+    train = make_train(config)
+    keys = logger.seed_keys(config.seed, config.num_seeds)
+    hparams = jax.vmap(lambda _: config.hparams())(keys)
+    template = jax.eval_shape(jax.vmap(train.init), keys, hparams)
+    return checkpoint.restore(template, record["train_state"])
+
+
+def assert_same_run(metrics, record, reference):
+    """`metrics` and the checkpoint `record` equal the reference run's, bitwise."""
+    ref_metrics, ref_record = reference
+    assert metrics.keys() == ref_metrics.keys()
+    for k in ref_metrics:
+        np.testing.assert_array_equal(metrics[k], ref_metrics[k], err_msg=k)
+    assert record["update"] == ref_record["update"] == NUM_UPDATES
+    for k in ref_metrics:
+        np.testing.assert_array_equal(record["metrics"][k], ref_metrics[k], err_msg=k)
+    ours = jax.tree_util.tree_flatten_with_path(record["train_state"])[0]
+    theirs = jax.tree.leaves(ref_record["train_state"])
+    assert len(ours) == len(theirs)
+    for (where, a), b in zip(ours, theirs):
+        np.testing.assert_array_equal(a, b, err_msg=jax.tree_util.keystr(where))
+
+
+@pytest.fixture(scope="module")
+def reference(cache, tmp_path_factory):
+    """The uninterrupted CLI run: its metrics and its final checkpoint."""
+    log_dir = tmp_path_factory.mktemp("reference")
+    metrics = main(ARGS + ["--log-dir", str(log_dir)])
+    return metrics, checkpoint.load(latest(log_dir))
+
+
+def test_cli_run_equals_all_updates_in_one_call_and_logs_evaluations(reference):
+    metrics, record = reference
+    assert metrics["global_step"].shape == (2, NUM_UPDATES)
+    # Evaluations ran at updates 128, 256, 384, 512 (rows 127, ...) and nowhere else.
+    evaluated = np.isfinite(metrics["eval_return"][0])
+    np.testing.assert_array_equal(np.flatnonzero(evaluated), [127, 255, 383, 511])
+    assert (metrics["eval_return"][:, evaluated] >= 8).all()
+
+    # The same as `train.init` then all the updates in one call. (Not bitwise the same as
+    # `jit(vmap(train))(keys)`: with `init` inside the same program XLA compiles the vmapped
+    # computation differently, and the runs drift apart by rounding.)
+    config = cli.parse_config(Config, ARGS)
+    train = make_train(config)
+    keys = logger.seed_keys(config.seed, config.num_seeds)
+    hparams = jax.vmap(lambda _: config.hparams())(keys)
+    state, api = jax.jit(jax.vmap(train.run_updates, in_axes=(0, 0, None)))(
+        jax.jit(jax.vmap(train.init))(keys, hparams), hparams, jnp.arange(NUM_UPDATES))
+    for k in api:
+        np.testing.assert_array_equal(metrics[k], api[k], err_msg=k)
+    for a, b in zip(jax.tree.leaves(restored(record)), jax.tree.leaves(state)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_interrupted_in_process_and_resumed_equals_uninterrupted(reference, tmp_path,
+                                                                 monkeypatch, capsys):
+    # Ctrl-C arrives while the 5th chunk's progress is printed: the run finishes that chunk,
+    # writes a checkpoint at update 5 * 16 = 80 (between the periodic ones at 64 and 128)
+    # and exits with 130.
+    reports = []
+    report = logger.Progress.report
+
+    def report_then_interrupt(self, *args, **kwargs):
+        report(self, *args, **kwargs)
+        reports.append(args[0])
+        if len(reports) == 6:  # the step-0 report, then one per chunk
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(logger.Progress, "report", report_then_interrupt)
+    with pytest.raises(SystemExit) as exit_info:
+        main(ARGS + ["--log-dir", str(tmp_path)])
+    assert exit_info.value.code == 130
+    path = latest(tmp_path)
+    out = capsys.readouterr()
+    assert f"interrupted at update 80 of {NUM_UPDATES}; checkpoint: {path}" in out.out
+    assert "SIGINT: stopping after this chunk" in out.err
+    assert checkpoint.load(path)["update"] == 80
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+
+    monkeypatch.undo()
+    metrics = main(["--resume", path])  # every other flag comes from the checkpoint
+    assert_same_run(metrics, checkpoint.load(path), reference)
+
+
+def test_sigkill_during_a_run_then_resume_completes_identically(reference, cache, tmp_path):
+    command = [sys.executable, "algos/ppo.py", *ARGS, "--log-dir", str(tmp_path)]
+    env = {**os.environ, "ONPOLICY_JAX_CACHE": cache}
+    run = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not glob.glob(str(tmp_path / "*" / checkpoint.LATEST)):
+        assert run.poll() is None, run.stderr.read()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    run.kill()
+    run.wait()
+    assert run.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    path = latest(tmp_path)
+    killed_at = checkpoint.load(path)["update"]  # whatever the moment, the file is whole
+    assert killed_at % 64 == 0 and 0 < killed_at < NUM_UPDATES
+
+    result = subprocess.run([sys.executable, "algos/ppo.py", "--resume", path], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "done: PPO on CartPole-v1, 2 run(s)" in result.stdout
+    record = checkpoint.load(path)
+    assert_same_run(record["metrics"], record, reference)
+
+
+def test_non_finite_loss_stops_training_with_a_clear_message(cache, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(ARGS + ["--log-dir", str(tmp_path), "--learning-rate", "1e30"])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: non-finite ") and "in update 1 (global step 128, seed 1)" \
+        in err, err
+    assert err.endswith("Last good checkpoint: none was written."), err
+    assert not glob.glob(str(tmp_path / "*" / checkpoint.LATEST))
+
+
+def test_non_finite_parameter_keeps_the_last_good_checkpoint(cache, tmp_path, capsys):
+    config = cli.parse_config(Config,
+                              ARGS + ["--log-dir", str(tmp_path), "--eval-every", "0"])
+    train = make_train(config)
+    run_updates = train.run_updates
+
+    def poisoned(state, hparams, updates):  # parameters turn NaN in the chunk of update 100
+        state, metrics = run_updates(state, hparams, updates)
+        nan = jnp.where(updates[-1] >= 100, jnp.nan, 0.0)
+        return state._replace(params=jax.tree.map(lambda p: p + nan, state.params)), metrics
+
+    train.run_updates = poisoned
+    with pytest.raises(SystemExit) as exit_info:
+        cli.train_and_log("PPO", config, train)
+    assert exit_info.value.code == 1
+    path = latest(tmp_path)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: non-finite parameter ['params']") and \
+        "in update 112 (global step 14,336, seed 1)" in err, err
+    assert err.endswith(f"Last good checkpoint: {path} (update 64)."), err
+    record = checkpoint.load(path)
+    assert record["update"] == 64
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(record["train_state"]))
+
+
+def test_checkpoint_writes_are_atomic_and_leave_no_temporary_file(tmp_path, monkeypatch):
+    path = str(tmp_path / "run" / checkpoint.LATEST)
+    state = {"w": np.arange(6.0).reshape(2, 3)}
+    checkpoint.save(path, algo="ppo", config={"lr": 0.1}, update=3, run_time=7,
+                    train_state=state, metrics={"loss": np.ones((2, 3))})
+    before = open(path, "rb").read()
+
+    def crash(src, dst):  # the process dies between writing the new file and renaming it
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(path, algo="ppo", config={"lr": 0.1}, update=4, run_time=7,
+                        train_state=state, metrics={"loss": np.ones((2, 4))})
+    assert open(path, "rb").read() == before  # the old checkpoint is intact
+    assert os.listdir(tmp_path / "run") == [checkpoint.LATEST]
+    record = checkpoint.load(path)
+    assert record["update"] == 3 and record["config"] == {"lr": 0.1}
+    np.testing.assert_array_equal(record["train_state"]["w"], state["w"])
+
+
+def test_config_differences_name_each_field_with_both_values():
+    saved = {"learning_rate": 2.5e-4, "num_envs": 4, "log_dir": "runs", "target_kl": None}
+    now = {"learning_rate": 1e-3, "num_envs": 4, "log_dir": "elsewhere", "target_kl": 0.01}
+    assert checkpoint.config_differences(saved, now, ignore=("log_dir",)) == [
+        "learning_rate: 0.00025 -> 0.001", "target_kl: None -> 0.01"]
+
+
+def test_chunk_size_divides_the_run_the_cadences_and_the_resume_point():
+    assert cli.chunk_size(512) == 16
+    assert cli.chunk_size(512, 64, 128) == 16
+    assert cli.chunk_size(512, 64, 128, 80) == 16
+    assert cli.chunk_size(512, 12) == 4
+    assert cli.chunk_size(512, 0, 0, 0) == 16  # 0: no cadence, a fresh run
+    assert cli.chunk_size(97, 10) == 1
+
+
+@pytest.mark.parametrize("algo", ["a2c", "impala"])
+def test_a2c_and_impala_resume_exactly_too(algo, cache, tmp_path, monkeypatch):
+    main = importlib.import_module(f"algos.{algo}").main
+    args = ["--total-timesteps", "2560", "--num-envs", "4", "--num-steps", "20",
+            "--checkpoint-every", "8", "--num-seeds", "2"]  # 32 updates, chunks of one
+    reference = main(args + ["--log-dir", str(tmp_path / "reference")])
+    reports = []
+    report = logger.Progress.report
+
+    def report_then_interrupt(self, *a, **k):
+        report(self, *a, **k)
+        reports.append(a[0])
+        if len(reports) == 3:
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(logger.Progress, "report", report_then_interrupt)
+    with pytest.raises(SystemExit) as exit_info:
+        main(args + ["--log-dir", str(tmp_path / "interrupted")])
+    assert exit_info.value.code == 130
+    monkeypatch.undo()
+    path = latest(tmp_path / "interrupted")
+    assert 0 < checkpoint.load(path)["update"] < 32
+    metrics = main(["--resume", path])
+    for k in reference:
+        np.testing.assert_array_equal(metrics[k], reference[k], err_msg=k)
+    ours = checkpoint.load(path)["train_state"]
+    theirs = checkpoint.load(latest(tmp_path / "reference"))["train_state"]
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+        np.testing.assert_array_equal(a, b)

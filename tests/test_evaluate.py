@@ -1,0 +1,135 @@
+"""`common/evaluate.py`: deterministic evaluation, each algorithm's `train.act`, the entry
+point on a checkpoint, and the GIF of an episode.
+
+Checkpoints here hold freshly initialised runs (no training), so nothing big compiles.
+"""
+
+import dataclasses
+import importlib
+import re
+
+import jax
+import numpy as np
+import pytest
+
+from common import checkpoint, logger
+from common.envs import make_env
+from common.evaluate import evaluate, main, save_gif
+
+TINY = dict(total_timesteps=4096, num_envs=4, num_steps=32)
+
+
+def initial_state(algo: str, num_seeds: int = 1, **overrides):
+    """`(config, train, vmapped initial TrainState)` of a tiny config of `algos/<algo>.py`."""
+    module = importlib.import_module(f"algos.{algo}")
+    config = module.Config(**{**TINY, "num_seeds": num_seeds, **overrides})
+    train = module.make_train(config)
+    keys = logger.seed_keys(config.seed, config.num_seeds)
+    return config, train, jax.jit(jax.vmap(train.init))(
+        keys, jax.vmap(lambda _: config.hparams())(keys))
+
+
+def save_initial(path, algo: str, num_seeds: int = 1, **overrides) -> str:
+    config, _, state = initial_state(algo, num_seeds, **overrides)
+    checkpoint.save(str(path), algo=algo, config=dataclasses.asdict(config), update=0,
+                    run_time=0, train_state=state, metrics={})
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def cartpole():
+    """PPO on CartPole, two seeds: config, train, state, and a jitted vmapped evaluation."""
+    config, train, state = initial_state("ppo", num_seeds=2)
+    env, env_params, spec = make_env(config.env_id)
+    run = jax.jit(jax.vmap(lambda s, k: evaluate(
+        lambda obs: train.act(s, obs), env, env_params, spec, k, 8)))
+    return config, train, state, run
+
+
+def test_evaluation_is_deterministic_and_plays_whole_episodes(cartpole):
+    _, _, state, run = cartpole
+    keys = jax.random.split(jax.random.PRNGKey(3), 2)
+    returns, lengths = run(state, keys)
+    again, _ = run(state, keys)
+    np.testing.assert_array_equal(returns, again)  # same key and parameters: same returns
+    assert returns.shape == (2, 8)
+    # CartPole pays 1 per step: one whole episode each, ended by the pole or the time limit.
+    np.testing.assert_array_equal(returns, lengths)
+    assert (lengths >= 8).all() and (lengths <= 500).all()
+    other, _ = run(state, jax.random.split(jax.random.PRNGKey(4), 2))
+    assert not np.array_equal(returns, other)  # other environments, other episodes
+
+
+def test_max_steps_cuts_episodes_and_the_policy_is_deterministic(cartpole):
+    config, train, state, _ = cartpole
+    env, env_params, spec = make_env(config.env_id)
+    first = jax.tree.map(lambda x: x[0], state)
+    returns, lengths = jax.jit(lambda k: evaluate(lambda obs: train.act(first, obs), env,
+                                                  env_params, spec, k, 4, max_steps=5))(
+        jax.random.PRNGKey(0))
+    assert (lengths <= 5).all() and (returns == lengths).all()
+
+
+@pytest.mark.parametrize("algo", ["ppo", "a2c", "impala"])
+def test_act_is_the_mode_of_the_policy(algo):
+    module = importlib.import_module(f"algos.{algo}")
+    config, train, state = initial_state(algo)
+    _, _, spec = make_env(config.env_id)
+    first = jax.tree.map(lambda x: x[0], state)
+    obs = jax.random.normal(jax.random.PRNGKey(1), (64,) + spec.obs_shape)
+    network = module.ActorCritic(spec, config.hidden_size, config.activation)
+    logits = network.apply(first.params, obs)[0].logits
+    np.testing.assert_array_equal(train.act(first, obs), np.argmax(logits, axis=-1))
+
+
+def test_act_of_a_gaussian_policy_is_its_mean():
+    from algos.ppo import ActorCritic
+
+    config, train, state = initial_state("ppo", env_id="Pendulum-v1", normalize_obs=True)
+    _, _, spec = make_env(config.env_id)
+    first = jax.tree.map(lambda x: x[0], state)
+    obs = jax.random.normal(jax.random.PRNGKey(1), (16, 3))
+    pi = ActorCritic(spec, config.hidden_size, config.activation).apply(first.params, obs)[0]
+    np.testing.assert_allclose(train.act(first, obs), pi.mean(), rtol=1e-6)
+
+
+def test_entry_point_reports_the_same_returns_twice(tmp_path, capsys, cartpole):
+    path = save_initial(tmp_path / "run.msgpack", "ppo", num_seeds=2)
+    first = main([path, "--episodes", "3", "--seed", "5"])
+    out = capsys.readouterr().out
+    second = main([str(tmp_path / "run.msgpack"), "--episodes", "3", "--seed", "5"])
+    np.testing.assert_array_equal(first, second)
+    assert first.shape == (2, 3)
+    assert f"evaluate: ppo on CartPole-v1, {path} (update 0 of 32), 3 episodes" in out
+    for seed, r in zip((1, 2), np.asarray(first)):
+        assert f"seed {seed}: mean return {r.mean():.2f}" in out
+    assert f"mean return over 2 run(s): {np.mean(first):.2f}" in out
+
+
+def test_entry_point_saves_a_gif_of_one_episode(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("seaborn")  # gymnax's MinAtar renderer imports it
+    from PIL import Image
+
+    path = save_initial(tmp_path / "run.msgpack", "ppo", env_id="Breakout-MinAtar")
+    gif = tmp_path / "episode.gif"
+    main([path, "--episodes", "2", "--capture-video", str(gif)])
+    out = capsys.readouterr().out
+    frames = int(re.search(r"video: .* \((\d+) frames", out).group(1))
+    with Image.open(gif) as image:
+        assert image.format == "GIF" and image.n_frames == frames
+
+
+def test_save_gif_draws_gymnax_states(tmp_path):
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    env, env_params, _ = make_env("FourRooms-misc")
+    _, state = env.reset(jax.random.PRNGKey(0), env_params)
+    states = [state]
+    for t in range(3):
+        _, state, *_ = env.step(jax.random.PRNGKey(t), state, t % 4, env_params)
+        states.append(state)
+    save_gif(env, env_params, states, np.zeros(4), str(tmp_path / "maze.gif"))
+    with Image.open(tmp_path / "maze.gif") as image:
+        assert image.n_frames == 4
