@@ -25,4 +25,8 @@ CONFIGS = {
     ("ppo", "SpaceInvaders-MinAtar"): dict(total_timesteps=10_000_000, num_envs=64,
                                            num_steps=128, num_minibatches=8, update_epochs=4,
                                            learning_rate=5e-3),
+    # IMPALA: the file's defaults (32 envs x 20 steps, actor_lag 1, RMSprop lr 5e-3).
+    ("impala", "CartPole-v1"): dict(total_timesteps=1_000_000, actor_lag=1),
+    # IMPALA on MinAtar: 64 envs x 20-step unrolls, the CNN chosen automatically.
+    ("impala", "Breakout-MinAtar"): dict(total_timesteps=10_000_000, num_envs=64),
 }

@@ -9,6 +9,7 @@ command, commit and library versions, to `benchmarks/results/{algo}__{env_id}.js
 """
 
 import argparse
+import ast
 import dataclasses
 import importlib
 import json
@@ -51,11 +52,21 @@ def main():
     parser.add_argument("--env-id", default="CartPole-v1")
     parser.add_argument("--seeds", type=int, default=16)
     parser.add_argument("--total-timesteps", type=int, default=None)
+    parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                        help="override Config fields, e.g. --set learning_rate=1e-3")
+    parser.add_argument("--tag", default="", help="suffix of the results file name")
     parser.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results"))
     args = parser.parse_args()
 
+    overrides = {}
+    for item in args.set:
+        field, _, value = item.partition("=")
+        try:
+            overrides[field] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            overrides[field] = value
     config, metrics, compile_s, train_s = run_cell(args.algo, args.env_id, args.seeds,
-                                                   args.total_timesteps)
+                                                   args.total_timesteps, **overrides)
     final = final_return(metrics["episodic_return"])
     steps = config.num_updates * config.batch_size
     print(f"{args.algo} {args.env_id}: {args.seeds} seeds x {steps:,} steps | final return "
@@ -64,8 +75,11 @@ def main():
           f"train {train_s:.1f}s, {steps * args.seeds / train_s:,.0f} SPS (all seeds)")
     print("per seed:", " ".join(f"{x:.1f}" for x in final))
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                capture_output=True, text=True).stdout.strip()
+    except OSError:  # no git where it runs (e.g. a copied tree on a GPU machine)
+        commit = "unknown"
     record = {
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
         "commit": commit,
@@ -78,7 +92,8 @@ def main():
         "final_return": np.round(final, 2).tolist(),
     }
     os.makedirs(args.out_dir, exist_ok=True)
-    path = os.path.join(args.out_dir, f"{args.algo}__{args.env_id}.json")
+    tag = f"__{args.tag}" if args.tag else ""
+    path = os.path.join(args.out_dir, f"{args.algo}__{args.env_id}{tag}.json")
     with open(path, "w") as f:
         json.dump(record, f, separators=(",", ":"))
     print("saved", os.path.relpath(path, ROOT))
