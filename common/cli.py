@@ -181,6 +181,7 @@ def train_and_log(algo: str, config, train):
     `eval_return` where evaluations ran, NaN elsewhere). A bad checkpoint or config, a
     non-finite loss or a signal ends the process (`SystemExit`) with a one-line message.
     """
+    logger.enable_compilation_cache()  # first: every program below can come from the cache
     name = algo.lower()
     keys = logger.seed_keys(config.seed, config.num_seeds)
     hparams = jax.vmap(lambda _: config.hparams())(keys)
@@ -209,7 +210,6 @@ def train_and_log(algo: str, config, train):
         print(f"nothing to do: {path} is at update {first} of {num_updates}, the end of the run")
         return _concat(rows)
 
-    logger.enable_compilation_cache()
     chunk = chunk_size(num_updates, config.checkpoint_every, config.eval_every, first)
     run_chunk = jax.jit(jax.vmap(train.run_updates, in_axes=(0, 0, None))).lower(
         template, hparams, jnp.arange(chunk)).compile()

@@ -49,6 +49,11 @@ def test_ppo_cli_trains_logs_and_summarises(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[ppo CartPole-v1] step" in result.stdout and "SPS" in result.stdout
     assert "done: PPO on CartPole-v1, 2 run(s)" in result.stdout
+    # Both compiled programs (init and the chunk of updates) land in the persistent cache, so a
+    # second identical command skips compiling them.
+    cached = os.listdir(tmp_path / "cache")
+    for program in ("jit_init-", "jit_run_updates-"):
+        assert any(name.startswith(program) for name in cached), (program, cached)
     runs = sorted(d for d in os.listdir(tmp_path) if d.startswith("CartPole-v1__smoke__"))
     assert [r.split("__")[2] for r in runs] == ["1", "2"], runs
     for run in runs:
