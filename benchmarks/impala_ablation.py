@@ -15,6 +15,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from benchmarks.plot import smooth  # noqa: E402
 
 
 def run(args):
@@ -57,17 +58,6 @@ def table(cells):
         print(f"| {c['actor_lag']} | {'V-Trace' if c['vtrace'] else 'no correction'} | "
               f"{c['mean']:.1f} | {c['min']:.1f} | {c['collapsed']}/{len(c['final_return'])} | "
               f"{c['auc']:.1f} |")
-
-
-def smooth(r, window):
-    """NaN-aware moving mean over updates (an update that finished no episode is NaN)."""
-    ok = np.isfinite(r)
-    kernel = np.ones(window)
-    conv = lambda x: np.convolve(x, kernel, "same")  # noqa: E731
-    num = np.apply_along_axis(conv, -1, np.where(ok, r, 0.0))
-    den = np.apply_along_axis(conv, -1, ok.astype(float))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return num / den
 
 
 def plot(cells, path):
