@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 import warnings
+import zlib
 from functools import partial
 
 import jax
@@ -416,6 +417,8 @@ def train_and_log(algo: str, config, train):
                 raise SystemExit(128 + int(stop))
     train_time = time.perf_counter() - start
     metrics = _concat(rows)
+    if jax.process_count() > 1:
+        same_everywhere(state.params, replicated=config.parallel == "data")
 
     sps = logger.sps_points(progress.timeline, config.num_seeds)
     paths = []
@@ -432,6 +435,8 @@ def train_and_log(algo: str, config, train):
     where = f"{layout.num_devices} device(s), parallel {config.parallel}" + (
         f", {jax.process_count()} processes" if jax.process_count() > 1 else "")
     if writer:
+        if jax.process_count() > 1:
+            print(f"parameters identical on all {jax.process_count()} processes", flush=True)
         print(f"done: {algo} on {config.env_id}, {config.num_seeds} run(s) x {steps:,} steps | "
               f"final return (last 10% of updates) mean {np.mean(final):.2f}, min "
               f"{np.min(final):.2f} | compile {compile_time:.1f}s, train {train_time:.1f}s "
@@ -459,6 +464,24 @@ def peers_alive():
         # Leave at once: a normal exit would wait in jax.distributed's shutdown barrier for
         # the dead peer, then abort.
         os._exit(1)
+
+
+def same_everywhere(params, replicated: bool):
+    """Several processes: check that every process ends with the same parameters (a CRC of
+    them compared with process 0's; data-parallel: also every local device's copy), else fail.
+    """
+    if replicated:  # every device holds a copy: all of this process's must agree
+        copies = [[np.asarray(s.data) for s in leaf.addressable_shards]
+                  for leaf in jax.tree.leaves(params)]
+        if any(not np.array_equal(c, cs[0]) for cs in copies for c in cs):
+            fail(f"process {jax.process_index()}: the devices' parameters differ.", code=1)
+        host = [cs[0] for cs in copies]
+    else:
+        host = jax.tree.leaves(fetch(params))
+    crc = zlib.crc32(b"".join(np.ascontiguousarray(x).tobytes() for x in host)) & 0x7FFFFFFF
+    if _from_process_0(crc) != crc:
+        fail(f"process {jax.process_index()} ended with parameters that differ from process "
+             "0's.", code=1)
 
 
 def _from_process_0(value: int) -> int:

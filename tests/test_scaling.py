@@ -25,6 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROBE = os.path.join(ROOT, "tests", "scaling_probe.py")
 TINY = ["--env-id", "CartPole-v1", "--total-timesteps", "4096", "--num-envs", "8",
         "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2"]
+SHORT = TINY[:2] + ["--total-timesteps", "1024"] + TINY[4:]  # 8 updates
 
 
 def free_port() -> int:
@@ -92,9 +93,8 @@ def test_ppo_learn_gives_the_same_parameters_on_1_2_4_devices():
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
 
 
-@pytest.mark.parametrize("algo", ["ppo", "a2c", "impala"])
-def test_data_parallel_training_keeps_parameters_identical_on_every_device(algo):
-    result = run([sys.executable, PROBE, "update", algo], 120)
+def test_data_parallel_ppo_a2c_impala_keep_parameters_identical_on_every_device():
+    result = run([sys.executable, PROBE, "update", "ppo", "a2c", "impala"], 180)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
 
 
@@ -103,7 +103,7 @@ def test_cli_seeds_on_2_devices_equal_1_device_and_do_not_hang(cache, tmp_path):
     """4 seeds, 2 per device: the shard_map(vmap(init)) pattern that deadlocked jaxlib 0.10
     with batched QRs; the runs must equal the same seeds on one device."""
     one, two = tmp_path / "one", tmp_path / "two"
-    args = TINY + ["--num-seeds", "4"]
+    args = SHORT + ["--num-seeds", "4"]
     (a,) = cli(args + ["--num-devices", "1"], devices=2, cache=cache, log_dir=one)
     (b,) = cli(args, devices=2, cache=cache, log_dir=two)  # default: every device
     for r in (a, b):
@@ -139,28 +139,16 @@ def test_cli_data_parallel_on_2_devices_keeps_the_global_layout(cache, tmp_path)
 # ------------------------------------------------------------------ several processes
 @pytest.mark.parametrize("parallel", ["seeds", "data"])
 def test_two_processes_on_localhost(parallel, cache, tmp_path):
-    p0, p1 = cli(TINY + ["--parallel", parallel, "--num-seeds", "2"], processes=2, devices=1,
+    p0, p1 = cli(SHORT + ["--parallel", parallel, "--num-seeds", "2"], processes=2, devices=1,
                  cache=cache, log_dir=tmp_path)
     for r in (p0, p1):
         assert r.returncode == 0, r.stderr[-3000:]
     assert f"on 2 device(s), parallel {parallel}, 2 processes" in p0.stdout, p0.stdout
     assert "done:" not in p1.stdout  # only process 0 logs and writes
+    # Every process compared its devices' copies of the parameters with process 0's.
+    assert "parameters identical on all 2 processes" in p0.stdout, p0.stdout
     record = final_state(tmp_path)
-    assert record["update"] == 32
-
-
-def test_two_processes_end_with_identical_parameters():
-    address = f"127.0.0.1:{free_port()}"
-    runs = [subprocess.Popen(hard_timeout(120) + [sys.executable, PROBE, "processes", address,
-                                                  "2", str(i)],
-                             cwd=ROOT, env=env(devices=2), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True) for i in range(2)]
-    outs = [r.communicate() for r in runs]
-    for r, (out, err) in zip(runs, outs):
-        assert r.returncode == 0 and "ok" in out, err[-3000:]
-    digests = [next(line for line in out.splitlines() if line.startswith("digest"))
-               for out, _ in outs]
-    assert digests[0] == digests[1], digests
+    assert record["update"] == 8
 
 
 def test_a_dead_peer_stops_the_other_process_within_a_bounded_time(tmp_path):
