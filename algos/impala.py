@@ -174,6 +174,8 @@ class Config:
                 not 0 <= self.process_id < self.num_processes or self.distributed_timeout < 1:
             raise ValueError("--num-devices must be >= 0, --num-processes >= 1, --process-id in "
                              "[0, num_processes) and --distributed-timeout >= 1.")
+        if self.parallel not in ("seeds", "data"):
+            raise ValueError(f"--parallel must be 'seeds' or 'data', got {self.parallel!r}.")
         for name in ("checkpoint_every", "eval_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0: never), got "
