@@ -27,8 +27,9 @@ What differs from the paper, following OpenAI Baselines' `a2c` and Stable-Baseli
 - the value loss carries a factor 0.5 (as in `ppo.py`); Baselines and SB3 use the plain mean
   squared error, so their `vf_coef` equals ours / 2 for the same gradient.
 
-Use it from the command line, `python algos/a2c.py --env-id CartPole-v1 --num-seeds 4`, or
-from Python:
+Use it from the command line, `python algos/a2c.py --env-id CartPole-v1 --num-seeds 4` (on
+every core: `--num-devices`, `--parallel seeds|data`, `--coordinator-address`; README, "Scaling
+out"), or from Python:
 
     train = make_train(Config(env_id="CartPole-v1"))
     state, metrics = jax.jit(train)(jax.random.PRNGKey(0))
@@ -47,7 +48,7 @@ import optax
 import tyro
 from jax import lax
 
-from common import cli, logger, normalize
+from common import cli, distributed, logger, normalize
 from common.distributed import pmean
 from common.envs import EnvSpec, make_env
 from common.gae import gae
@@ -88,6 +89,24 @@ class Config:
     (0: never), logged as `eval/episodic_return`."""
     eval_episodes: int = 10
     """Episodes per evaluation, each in its own environment."""
+    num_devices: int = 0
+    """Devices to spread the runs over (0: all; for `--parallel seeds`, the most that divide
+    `num_seeds`). On a CPU-only machine the command line makes one XLA device per core."""
+    parallel: Literal["seeds", "data"] = "seeds"
+    """`seeds`: split the `num_seeds` independent runs across the devices (no communication).
+    `data`: train each run on every device, its `num_envs` environments split across them and
+    its gradients averaged (`common/distributed.py`)."""
+    coordinator_address: str | None = None
+    """Several processes or hosts: `HOST:PORT` of process 0, for `jax.distributed.initialize`
+    (default: `JAX_COORDINATOR_ADDRESS`). Each process drives its own devices."""
+    num_processes: int = 1
+    """Number of processes (default: `JAX_NUM_PROCESSES`, else 1)."""
+    process_id: int = 0
+    """This process's index, 0 to num_processes - 1 (default: `JAX_PROCESS_ID`); process 0
+    logs and writes checkpoints."""
+    distributed_timeout: int = 60
+    """Seconds to wait for the other processes to start, and after which a silent (dead)
+    process is declared dead so the others stop with an error."""
 
     # --- environment ---
     env_id: str = "CartPole-v1"
@@ -138,6 +157,12 @@ class Config:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, "
                                  f"got {getattr(self, name)}.")
+        if self.num_devices < 0 or self.num_processes < 1 or \
+                not 0 <= self.process_id < self.num_processes or self.distributed_timeout < 1:
+            raise ValueError("--num-devices must be >= 0, --num-processes >= 1, --process-id in "
+                             "[0, num_processes) and --distributed-timeout >= 1.")
+        if self.parallel not in ("seeds", "data"):
+            raise ValueError(f"--parallel must be 'seeds' or 'data', got {self.parallel!r}.")
         for name in ("checkpoint_every", "eval_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0: never), got "
@@ -276,13 +301,15 @@ def a2c_loss(log_prob_t, entropy_t, v_t, r_t, v_tp1, terminated_t, truncated_t, 
     """
     value = lax.stop_gradient(v_t)
     advantage, ret = gae(r_t, value, v_tp1, terminated_t, truncated_t, gamma, gae_lambda)
-    if norm_adv:
-        advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+    if norm_adv:  # over the whole rollout, across devices in data-parallel runs
+        mean, var = distributed.mean_var(advantage)
+        advantage = (advantage - mean) / (jnp.sqrt(var) + 1e-8)
     policy_loss = -(advantage * log_prob_t).mean()
     value_loss = 0.5 * jnp.square(ret - v_t).mean()
     entropy = entropy_t.mean()
     loss = policy_loss + vf_coef * value_loss - ent_coef * entropy
-    explained_variance = 1.0 - jnp.var(ret - value) / jnp.var(ret)
+    (_, var_error), (_, var_ret) = distributed.mean_var(ret - value), distributed.mean_var(ret)
+    explained_variance = 1.0 - var_error / var_ret
     return loss, LossInfo(value_loss, policy_loss, entropy, explained_variance)
 
 
@@ -318,16 +345,23 @@ def make_train(config: Config):
         return optax.chain(optax.clip_by_global_norm(hp.max_grad_norm), opt)
 
     def init(key, hparams: HParams | None = None) -> TrainState:
-        """Fresh parameters, optimiser state and environments for one run."""
+        """Fresh parameters, optimiser state and environments for one run (data-parallel:
+        the same parameters on every device, each device its own share of the environments)."""
         hp = config.hparams() if hparams is None else hparams
         key, key_net, key_env = jax.random.split(key, 3)
         params = network.init(key_net, jnp.zeros((1,) + spec.obs_shape, jnp.float32))
+        devices = distributed.axis_size()
+        if config.num_envs % devices:
+            raise ValueError(f"data-parallel A2C on {devices} devices needs --num-envs "
+                             f"({config.num_envs}) to divide by {devices}.")
         return TrainState(params, make_optimizer(hp).init(params), normalize.init(spec.obs_shape),
-                          reset(env, env_params, key_env, config.num_envs), key)
+                          reset(env, env_params, distributed.fold_in_device(key_env),
+                                config.num_envs // devices), key)
 
     def update_step(state: TrainState, hp: HParams, update):
         """One A2C iteration: collect a rollout, take one gradient step on all of it."""
         key, key_rollout = jax.random.split(state.key)
+        key_rollout = distributed.fold_in_device(key_rollout)  # data-parallel: own randomness
         norm = (lambda obs: normalize.normalize(state.obs_stats, obs)) if config.normalize_obs \
             else (lambda obs: obs)
 
@@ -357,8 +391,7 @@ def make_train(config: Config):
 
         obs_stats = state.obs_stats
         if config.normalize_obs:
-            obs_stats = normalize.update(obs_stats,
-                                         traj.obs.reshape((batch_size,) + spec.obs_shape))
+            obs_stats = normalize.update(obs_stats, traj.obs.reshape((-1,) + spec.obs_shape))
 
         # METRICS: one row per update
         ret_sum, len_sum, count = pmean(finished_episode_stats(traj))

@@ -27,8 +27,9 @@ What differs from the paper:
 `vtrace = False` keeps everything else and drops the correction (`log_rhos = 0`: the
 "no-correction" baseline of the paper's Sec. 5.3), for ablations.
 
-Use it from the command line, `python algos/impala.py --env-id CartPole-v1 --num-seeds 4`, or
-from Python:
+Use it from the command line, `python algos/impala.py --env-id CartPole-v1 --num-seeds 4` (on
+every core: `--num-devices`, `--parallel seeds|data`, `--coordinator-address`; README, "Scaling
+out"), or from Python:
 
     train = make_train(Config(env_id="CartPole-v1"))
     state, metrics = jax.jit(train)(jax.random.PRNGKey(0))
@@ -47,7 +48,7 @@ import optax
 import tyro
 from jax import lax
 
-from common import cli, logger, normalize
+from common import cli, distributed, logger, normalize
 from common.distributed import pmean
 from common.envs import EnvSpec, make_env
 from common.init import orthogonal
@@ -82,6 +83,24 @@ class Config:
     end (0: never), logged as `eval/episodic_return`."""
     eval_episodes: int = 10
     """Episodes per evaluation, each in its own environment."""
+    num_devices: int = 0
+    """Devices to spread the runs over (0: all; for `--parallel seeds`, the most that divide
+    `num_seeds`). On a CPU-only machine the command line makes one XLA device per core."""
+    parallel: Literal["seeds", "data"] = "seeds"
+    """`seeds`: split the `num_seeds` independent runs across the devices (no communication).
+    `data`: train each run on every device, its `num_envs` environments split across them and
+    its gradients averaged (`common/distributed.py`)."""
+    coordinator_address: str | None = None
+    """Several processes or hosts: `HOST:PORT` of process 0, for `jax.distributed.initialize`
+    (default: `JAX_COORDINATOR_ADDRESS`). Each process drives its own devices."""
+    num_processes: int = 1
+    """Number of processes (default: `JAX_NUM_PROCESSES`, else 1)."""
+    process_id: int = 0
+    """This process's index, 0 to num_processes - 1 (default: `JAX_PROCESS_ID`); process 0
+    logs and writes checkpoints."""
+    distributed_timeout: int = 60
+    """Seconds to wait for the other processes to start, and after which a silent (dead)
+    process is declared dead so the others stop with an error."""
 
     # --- environment ---
     env_id: str = "CartPole-v1"
@@ -151,6 +170,12 @@ class Config:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, "
                                  f"got {getattr(self, name)}.")
+        if self.num_devices < 0 or self.num_processes < 1 or \
+                not 0 <= self.process_id < self.num_processes or self.distributed_timeout < 1:
+            raise ValueError("--num-devices must be >= 0, --num-processes >= 1, --process-id in "
+                             "[0, num_processes) and --distributed-timeout >= 1.")
+        if self.parallel not in ("seeds", "data"):
+            raise ValueError(f"--parallel must be 'seeds' or 'data', got {self.parallel!r}.")
         for name in ("checkpoint_every", "eval_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0: never), got "
@@ -352,7 +377,8 @@ def make_train(config: Config):
         rho_t = jnp.exp(lax.stop_gradient(log_rho_t))
         info = LossInfo(
             value_loss, policy_loss, entropy, lax.stop_gradient(kl),
-            1.0 - jnp.var(vs_t - lax.stop_gradient(v_t)) / jnp.var(vs_t),
+            1.0 - distributed.mean_var(vs_t - lax.stop_gradient(v_t))[1]
+            / distributed.mean_var(vs_t)[1],
             jnp.minimum(hp.rho_bar, rho_t).mean(),
             (rho_t > hp.rho_bar).astype(jnp.float32).mean())
         return loss, info
@@ -363,14 +389,20 @@ def make_train(config: Config):
         key, key_net, key_env = jax.random.split(key, 3)
         params = network.init(key_net, jnp.zeros((1,) + spec.obs_shape, jnp.float32))
         past_params = jax.tree.map(lambda x: jnp.repeat(x[None], lag, axis=0), params)
+        devices = distributed.axis_size()
+        if envs_per_minibatch % devices:
+            raise ValueError(f"data-parallel IMPALA on {devices} devices needs the environments "
+                             f"per minibatch ({envs_per_minibatch}) to divide by {devices}.")
         return TrainState(params, past_params, make_optimizer(hp).init(params),
                           normalize.init(spec.obs_shape),
-                          reset(env, env_params, key_env, config.num_envs), key)
+                          reset(env, env_params, distributed.fold_in_device(key_env),
+                                config.num_envs // devices), key)
 
     def update_step(state: TrainState, hp: HParams, update):
         """One IMPALA iteration: lagged actors collect a batch, the learner learns from it."""
         optimizer = make_optimizer(hp)
         key, key_rollout, key_epochs = jax.random.split(state.key, 3)
+        key_rollout = distributed.fold_in_device(key_rollout)  # data-parallel: own randomness
 
         # ACT with the behaviour policy: the learner's parameters from `actor_lag` updates ago
         behaviour_params = jax.tree.map(lambda x: x[0], state.past_params) if lag \
@@ -386,13 +418,18 @@ def make_train(config: Config):
                                   config.num_steps)
         data = Transition(traj.obs, traj.action, traj.reward, traj.terminated, traj.truncated,
                           traj.next_obs, traj.policy_info)
+        # GATHER (data-parallel): every device gets all environments' trajectories, in order,
+        # and shuffles them with the same key, so the minibatches do not depend on the devices
+        data = distributed.all_gather(data, axis=1)
 
         # LEARN: update_epochs passes over minibatches of whole trajectories
         def epoch(carry, key):
             def minibatch(carry, batch: Transition):
                 params, opt_state = carry
-                grads, info = jax.grad(loss_fn, has_aux=True)(params, hp, state.obs_stats, batch)
-                grads = pmean(grads)  # data-parallel: average over devices (no-op otherwise)
+                # Data-parallel: each device takes its 1/D of the minibatch's environments.
+                grads, info = jax.grad(loss_fn, has_aux=True)(
+                    params, hp, state.obs_stats, distributed.device_share(batch, axis=1))
+                grads, info = pmean((grads, info))  # average over devices (no-op otherwise)
                 updates, opt_state = optimizer.update(grads, opt_state, params)
                 return (optax.apply_updates(params, updates), opt_state), info
 
@@ -414,7 +451,8 @@ def make_train(config: Config):
 
         obs_stats = state.obs_stats
         if config.normalize_obs:
-            obs_stats = normalize.update(obs_stats, data.obs.reshape((-1,) + spec.obs_shape))
+            obs_stats = normalize.update(obs_stats, data.obs.reshape((-1,) + spec.obs_shape),
+                                         axis_name=None)  # the gathered, global batch
 
         # METRICS: one row per update, losses averaged over the minibatches
         ret_sum, len_sum, count = pmean(finished_episode_stats(traj))
@@ -423,7 +461,7 @@ def make_train(config: Config):
             "episodic_return": ret_sum / count,
             "episodic_length": len_sum / count,
             "learning_rate": learning_rate(hp, update),
-            **jax.tree.map(lambda x: pmean(x.mean()), info)._asdict(),
+            **jax.tree.map(lambda x: x.mean(), info)._asdict(),
         }
         if progress is not None:
             logger.report_progress(progress, update, num_updates, report_every,

@@ -16,8 +16,9 @@ al. (2022), "The 37 Implementation Details of PPO" (ICLR blog track), and matchi
   a terminal state (Pardo et al. 2018, arXiv:1712.00378) -- see `common/gae.py`;
 - optional early stop of an update's epochs when the approximate KL exceeds `target_kl`.
 
-Use it from the command line, `python algos/ppo.py --env-id CartPole-v1 --num-seeds 4`, or
-from Python:
+Use it from the command line, `python algos/ppo.py --env-id CartPole-v1 --num-seeds 4` (on
+every core: `--num-devices`, `--parallel seeds|data`, `--coordinator-address`; README, "Scaling
+out"), or from Python:
 
     train = make_train(Config(env_id="CartPole-v1"))
     state, metrics = jax.jit(train)(jax.random.PRNGKey(0))
@@ -36,7 +37,7 @@ import optax
 import tyro
 from jax import lax
 
-from common import cli, logger, normalize
+from common import cli, distributed, logger, normalize
 from common.distributed import pmean
 from common.envs import EnvSpec, make_env
 from common.gae import gae
@@ -70,6 +71,24 @@ class Config:
     (0: never), logged as `eval/episodic_return`."""
     eval_episodes: int = 10
     """Episodes per evaluation, each in its own environment."""
+    num_devices: int = 0
+    """Devices to spread the runs over (0: all; for `--parallel seeds`, the most that divide
+    `num_seeds`). On a CPU-only machine the command line makes one XLA device per core."""
+    parallel: Literal["seeds", "data"] = "seeds"
+    """`seeds`: split the `num_seeds` independent runs across the devices (no communication).
+    `data`: train each run on every device, its `num_envs` environments split across them and
+    its gradients averaged (`common/distributed.py`)."""
+    coordinator_address: str | None = None
+    """Several processes or hosts: `HOST:PORT` of process 0, for `jax.distributed.initialize`
+    (default: `JAX_COORDINATOR_ADDRESS`). Each process drives its own devices."""
+    num_processes: int = 1
+    """Number of processes (default: `JAX_NUM_PROCESSES`, else 1)."""
+    process_id: int = 0
+    """This process's index, 0 to num_processes - 1 (default: `JAX_PROCESS_ID`); process 0
+    logs and writes checkpoints."""
+    distributed_timeout: int = 60
+    """Seconds to wait for the other processes to start, and after which a silent (dead)
+    process is declared dead so the others stop with an error."""
 
     # --- environment ---
     env_id: str = "CartPole-v1"
@@ -124,6 +143,12 @@ class Config:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, "
                                  f"got {getattr(self, name)}.")
+        if self.num_devices < 0 or self.num_processes < 1 or \
+                not 0 <= self.process_id < self.num_processes or self.distributed_timeout < 1:
+            raise ValueError("--num-devices must be >= 0, --num-processes >= 1, --process-id in "
+                             "[0, num_processes) and --distributed-timeout >= 1.")
+        if self.parallel not in ("seeds", "data"):
+            raise ValueError(f"--parallel must be 'seeds' or 'data', got {self.parallel!r}.")
         for name in ("checkpoint_every", "eval_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0: never), got "
@@ -287,8 +312,9 @@ def make_train(config: Config):
         log_ratio = log_prob - batch.log_prob
         ratio = jnp.exp(log_ratio)
         advantage = batch.advantage
-        if config.norm_adv:
-            advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+        if config.norm_adv:  # over the whole minibatch, across devices in data-parallel runs
+            mean, var = distributed.mean_var(advantage)
+            advantage = (advantage - mean) / (jnp.sqrt(var) + 1e-8)
         # Clipped surrogate objective, L^CLIP (paper eq. 7), as a loss to minimise.
         policy_loss = jnp.maximum(
             -advantage * ratio,
@@ -308,18 +334,70 @@ def make_train(config: Config):
         return loss, LossInfo(value_loss, policy_loss, entropy, lax.stop_gradient(approx_kl),
                               clipfrac)
 
+    def local_num_envs():
+        """This device's environments: `num_envs` split across the devices of `DATA_AXIS`."""
+        devices = distributed.axis_size()
+        if config.num_envs % devices or config.minibatch_size % devices:
+            raise ValueError(f"data-parallel PPO on {devices} devices needs --num-envs "
+                             f"({config.num_envs}) and the minibatch size "
+                             f"({config.minibatch_size}) to divide by {devices}.")
+        return config.num_envs // devices
+
     def init(key, hparams: HParams | None = None) -> TrainState:
-        """Fresh parameters, optimiser state and environments for one run."""
+        """Fresh parameters, optimiser state and environments for one run (data-parallel:
+        the same parameters on every device, each device its own environments)."""
         hp = config.hparams() if hparams is None else hparams
         key, key_net, key_env = jax.random.split(key, 3)
         params = network.init(key_net, jnp.zeros((1,) + spec.obs_shape, jnp.float32))
         return TrainState(params, make_optimizer(hp).init(params), normalize.init(spec.obs_shape),
-                          reset(env, env_params, key_env, config.num_envs), key)
+                          reset(env, env_params, distributed.fold_in_device(key_env),
+                                local_num_envs()), key)
+
+    def learn(state: TrainState, hp: HParams, data: Transition, key):
+        """The epochs of minibatch SGD on one global batch `data` (leading axis batch_size).
+
+        Every device shuffles the same batch with the same key; in data-parallel runs each
+        computes the gradient of its 1/D share of every minibatch and `pmean` averages them,
+        so the result does not depend on the number of devices.
+        Returns `(params, opt_state, info, ran)`: `info` per epoch and minibatch, `ran` 1.0 for
+        the epochs that ran (0.0 after a KL early stop).
+        """
+        optimizer = make_optimizer(hp)
+
+        def epoch(carry, key):
+            params, opt_state, stopped = carry
+
+            def minibatch(carry, batch: Transition):
+                params, opt_state = carry
+                grads, info = jax.grad(loss_fn, has_aux=True)(
+                    params, hp, state.obs_stats, distributed.device_share(batch))
+                grads, info = pmean((grads, info))  # data-parallel: average over devices
+                updates, opt_state = optimizer.update(grads, opt_state, params)
+                return (optax.apply_updates(params, updates), opt_state), info
+
+            order = jax.random.permutation(key, batch_size)
+            batches = jax.tree.map(
+                lambda x: x[order].reshape((config.num_minibatches, -1) + x.shape[1:]), data)
+            (new_params, new_opt_state), info = lax.scan(minibatch, (params, opt_state), batches)
+            if config.target_kl is None:
+                return (new_params, new_opt_state, stopped), (info, jnp.float32(1))
+            # KL early stop: once an epoch ends above target_kl, skip the remaining ones.
+            keep = lambda new, old: jax.tree.map(  # noqa: E731
+                lambda n, o: jnp.where(stopped, o, n), new, old)
+            params, opt_state = keep(new_params, params), keep(new_opt_state, opt_state)
+            ran = 1.0 - stopped.astype(jnp.float32)
+            stopped = jnp.logical_or(stopped, info.approx_kl[-1] > config.target_kl)
+            return (params, opt_state, stopped), (info, ran)
+
+        (params, opt_state, _), (info, ran) = lax.scan(
+            epoch, (state.params, state.opt_state, jnp.bool_(False)),
+            jax.random.split(key, config.update_epochs))
+        return params, opt_state, info, ran
 
     def update_step(state: TrainState, hp: HParams, update):
         """One PPO iteration: collect a rollout, compute GAE, run the epochs of minibatch SGD."""
-        optimizer = make_optimizer(hp)
         key, key_rollout, key_epochs = jax.random.split(state.key, 3)
+        key_rollout = distributed.fold_in_device(key_rollout)  # data-parallel: own randomness
 
         # COLLECT TRAJECTORIES with the current policy
         def policy(key, obs):
@@ -341,44 +419,20 @@ def make_train(config: Config):
                              traj.terminated, traj.truncated, hp.gamma, hp.gae_lambda)
         data = Transition(traj.obs, traj.action, traj.policy_info.log_prob,
                           traj.policy_info.value, advantage, ret)
+        # GATHER (data-parallel): every device gets the global batch, environments in order
+        data = distributed.all_gather(data, axis=1)
         data = jax.tree.map(lambda x: x.reshape((batch_size,) + x.shape[2:]), data)
 
         # UPDATE: update_epochs passes over shuffled minibatches
-        def epoch(carry, key):
-            params, opt_state, stopped = carry
-
-            def minibatch(carry, batch: Transition):
-                params, opt_state = carry
-                grads, info = jax.grad(loss_fn, has_aux=True)(params, hp, state.obs_stats, batch)
-                grads = pmean(grads)  # data-parallel: average over devices (no-op otherwise)
-                updates, opt_state = optimizer.update(grads, opt_state, params)
-                return (optax.apply_updates(params, updates), opt_state), info
-
-            order = jax.random.permutation(key, batch_size)
-            batches = jax.tree.map(
-                lambda x: x[order].reshape((config.num_minibatches, -1) + x.shape[1:]), data)
-            (new_params, new_opt_state), info = lax.scan(minibatch, (params, opt_state), batches)
-            if config.target_kl is None:
-                return (new_params, new_opt_state, stopped), (info, jnp.float32(1))
-            # KL early stop: once an epoch ends above target_kl, skip the remaining ones.
-            keep = lambda new, old: jax.tree.map(  # noqa: E731
-                lambda n, o: jnp.where(stopped, o, n), new, old)
-            params, opt_state = keep(new_params, params), keep(new_opt_state, opt_state)
-            ran = 1.0 - stopped.astype(jnp.float32)
-            stopped = jnp.logical_or(stopped, info.approx_kl[-1] > config.target_kl)
-            return (params, opt_state, stopped), (info, ran)
-
-        (params, opt_state, _), (info, ran) = lax.scan(
-            epoch, (state.params, state.opt_state, jnp.bool_(False)),
-            jax.random.split(key_epochs, config.update_epochs))
+        params, opt_state, info, ran = learn(state, hp, data, key_epochs)
 
         obs_stats = state.obs_stats
         if config.normalize_obs:
-            obs_stats = normalize.update(obs_stats, data.obs)
+            obs_stats = normalize.update(obs_stats, data.obs, axis_name=None)  # global batch
 
         # METRICS: one row per update, losses averaged over the minibatches that ran
         ret_sum, len_sum, count = pmean(finished_episode_stats(traj))
-        losses = jax.tree.map(lambda x: pmean((x.mean(-1) * ran).sum() / ran.sum()), info)
+        losses = jax.tree.map(lambda x: (x.mean(-1) * ran).sum() / ran.sum(), info)
         metrics = {
             "global_step": (update + 1) * batch_size,
             "episodic_return": ret_sum / count,
@@ -411,6 +465,7 @@ def make_train(config: Config):
     # evaluation policy, and the host-side printer of `live_progress` (call
     # `train.progress.close()` for its last line).
     train.init, train.run_updates, train.act, train.progress = init, run_updates, act, progress
+    train.learn = learn
     return train
 
 

@@ -1,11 +1,14 @@
-"""Environment creation and the facts about its spaces that every algorithm needs."""
+"""Environment creation and the facts about its spaces that every algorithm needs.
+
+gymnax is imported inside `make_env`, not at the top: importing gymnax creates JAX arrays and
+so starts the XLA backend, after which the number of CPU devices and `jax.distributed` can no
+longer be set (`common/cli.py` sets them first).
+"""
 
 import difflib
 from typing import NamedTuple
 
-import gymnax
 import jax.numpy as jnp
-from gymnax.environments import spaces
 
 
 class EnvSpec(NamedTuple):
@@ -34,6 +37,9 @@ def make_env(env_id: str):
     Raises `ValueError` naming the closest known ids when `env_id` is unknown, before anything is
     compiled.
     """
+    import gymnax
+    from gymnax.environments import spaces
+
     if env_id not in gymnax.registered_envs:
         close = difflib.get_close_matches(env_id, gymnax.registered_envs, n=3, cutoff=0.5)
         hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""

@@ -25,7 +25,8 @@ from common import checkpoint, cli, logger
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARGS = ["--env-id", "CartPole-v1", "--total-timesteps", "65536", "--num-envs", "4",
         "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1", "--num-seeds", "2",
-        "--checkpoint-every", "64", "--eval-every", "128", "--eval-episodes", "4"]
+        "--checkpoint-every", "64", "--eval-every", "128", "--eval-episodes", "4",
+        "--num-devices", "1"]  # bitwise comparisons need one layout (2 seeds on 1 device)
 NUM_UPDATES, CHUNK = 512, 16  # cli.chunk_size(512, 64, 128) == 16
 
 

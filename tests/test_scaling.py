@@ -1,0 +1,201 @@
+"""Scaling out: several devices in one process, several processes, and what happens when one dies.
+
+Everything here needs devices set before JAX starts, so it runs in subprocesses: forced CPU
+devices (`--xla_force_host_platform_device_count`) and `jax.distributed` processes on
+127.0.0.1 ports chosen free. Every subprocess runs under a hard `timeout -k` (a
+`jax.distributed` process catches SIGTERM): a hang -- the jaxlib 0.10 batched-LAPACK deadlock
+under `shard_map(vmap)` among them -- fails the test instead of stalling the suite.
+"""
+
+import glob
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from common import checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROBE = os.path.join(ROOT, "tests", "scaling_probe.py")
+TINY = ["--env-id", "CartPole-v1", "--total-timesteps", "4096", "--num-envs", "8",
+        "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2"]
+SHORT = TINY[:2] + ["--total-timesteps", "1024"] + TINY[4:]  # 8 updates
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def hard_timeout(seconds: int) -> list:
+    return ["timeout", "-k", "5", str(seconds)]
+
+
+def env(devices=None, cache=None):
+    """The environment of a subprocess: `devices` forced CPU devices (None: the CLI's choice,
+    one per core), this checkout first on the path, a shared compilation cache."""
+    e = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    e.pop("XLA_FLAGS", None)
+    if devices:
+        e["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    if cache:
+        e["ONPOLICY_JAX_CACHE"] = cache
+    return e
+
+
+def run(command, seconds, **kwargs):
+    result = subprocess.run(hard_timeout(seconds) + command, cwd=ROOT, capture_output=True,
+                            text=True, **kwargs)
+    assert result.returncode not in (124, 137), \
+        f"{command} hung (killed after {seconds}s):\n{result.stderr[-3000:]}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("xla_cache"))
+
+
+def cli(args, seconds=180, processes=1, devices=None, cache=None, log_dir=None):
+    """Run `algos/ppo.py` in `processes` coordinated processes; the CompletedProcess of each."""
+    base = [sys.executable, "algos/ppo.py", *args, "--log-dir", str(log_dir)]
+    if processes == 1:
+        return [run(base, seconds, env=env(devices, cache))]
+    address = f"127.0.0.1:{free_port()}"
+    runs = [subprocess.Popen(hard_timeout(seconds) + base + [
+        "--coordinator-address", address, "--num-processes", str(processes),
+        "--process-id", str(i), "--distributed-timeout", "30"], cwd=ROOT,
+        env=env(devices, cache), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(processes)]
+    results = []
+    for r in runs:
+        out, err = r.communicate()
+        assert r.returncode not in (124, 137), f"process hung:\n{err[-3000:]}"
+        results.append(subprocess.CompletedProcess(r.args, r.returncode, out, err))
+    return results
+
+
+def final_state(log_dir):
+    (path,) = glob.glob(os.path.join(str(log_dir), "*", checkpoint.LATEST))
+    return checkpoint.load(path)
+
+
+# ------------------------------------------------------------------ one agent, data-parallel
+def test_ppo_learn_gives_the_same_parameters_on_1_2_4_devices():
+    result = run([sys.executable, PROBE, "learn"], 120)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
+def test_data_parallel_ppo_a2c_impala_keep_parameters_identical_on_every_device():
+    result = run([sys.executable, PROBE, "update", "ppo", "a2c", "impala"], 180)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
+# ------------------------------------------------------------------ the command line
+def test_cli_seeds_on_2_devices_equal_1_device_and_do_not_hang(cache, tmp_path):
+    """4 seeds, 2 per device: the shard_map(vmap(init)) pattern that deadlocked jaxlib 0.10
+    with batched QRs; the runs must equal the same seeds on one device."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    args = SHORT + ["--num-seeds", "4"]
+    (a,) = cli(args + ["--num-devices", "1"], devices=2, cache=cache, log_dir=one)
+    (b,) = cli(args, devices=2, cache=cache, log_dir=two)  # default: every device
+    for r in (a, b):
+        assert r.returncode == 0, r.stderr[-3000:]
+    assert "on 1 device(s), parallel seeds" in a.stdout
+    assert "on 2 device(s), parallel seeds" in b.stdout
+    ra, rb = final_state(one), final_state(two)
+    for name in ("episodic_return", "value_loss", "approx_kl"):
+        np.testing.assert_allclose(rb["metrics"][name], ra["metrics"][name], rtol=1e-4,
+                                   atol=1e-5, err_msg=name)
+    import jax
+    for x, y in zip(jax.tree.leaves(ra["train_state"]), jax.tree.leaves(rb["train_state"])):
+        np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-5)
+
+
+def test_cli_refuses_seeds_that_do_not_divide(tmp_path):
+    (r,) = cli(TINY + ["--num-seeds", "3", "--num-devices", "2"], devices=2, log_dir=tmp_path,
+               seconds=120)
+    assert r.returncode == 2
+    assert "error: --num-seeds 3 does not divide among 2 devices" in r.stderr, r.stderr
+
+
+def test_cli_data_parallel_on_2_devices_keeps_the_global_layout(cache, tmp_path):
+    args = TINY + ["--parallel", "data", "--num-seeds", "2", "--checkpoint-every", "16"]
+    (r,) = cli(args, devices=2, cache=cache, log_dir=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "on 2 device(s), parallel data" in r.stdout
+    record = final_state(tmp_path)
+    assert record["update"] == 32
+    assert record["train_state"]["env"]["obs"].shape == (2, 8, 4)  # global layout, 2 seeds
+
+
+# ------------------------------------------------------------------ several processes
+@pytest.mark.parametrize("parallel", ["seeds", "data"])
+def test_two_processes_on_localhost(parallel, cache, tmp_path):
+    p0, p1 = cli(SHORT + ["--parallel", parallel, "--num-seeds", "2"], processes=2, devices=1,
+                 cache=cache, log_dir=tmp_path)
+    for r in (p0, p1):
+        assert r.returncode == 0, r.stderr[-3000:]
+    assert f"on 2 device(s), parallel {parallel}, 2 processes" in p0.stdout, p0.stdout
+    assert "done:" not in p1.stdout  # only process 0 logs and writes
+    # Every process compared its devices' copies of the parameters with process 0's.
+    assert "parameters identical on all 2 processes" in p0.stdout, p0.stdout
+    record = final_state(tmp_path)
+    assert record["update"] == 8
+
+
+def test_a_dead_peer_stops_the_other_process_within_a_bounded_time(tmp_path):
+    """Kill process 1 mid-training (SIGKILL: no goodbye); process 0 must stop by itself with
+    a clear message, well within the heartbeat timeout plus a margin -- never hang."""
+    timeout = 10
+    address = f"127.0.0.1:{free_port()}"
+    long_run = ["--env-id", "CartPole-v1", "--total-timesteps", "2560000", "--num-envs", "4",
+                "--num-steps", "32", "--update-epochs", "1", "--checkpoint-every", "4",
+                "--parallel", "data", "--coordinator-address", address, "--num-processes", "2",
+                "--distributed-timeout", str(timeout), "--log-dir", str(tmp_path)]
+    command = [sys.executable, "-u", "algos/ppo.py", *long_run, "--process-id"]
+    survivor = subprocess.Popen(hard_timeout(150) + command + ["0"], cwd=ROOT,
+                                env=env(devices=1), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    victim = subprocess.Popen(command + ["1"], cwd=ROOT, env=env(devices=1),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in survivor.stdout] + [lines.put(None)],
+                     daemon=True).start()
+    try:
+        deadline, seen = time.monotonic() + 100, []
+        while True:  # wait until training is under way: a progress line past step 0
+            line = lines.get(timeout=max(1.0, deadline - time.monotonic()))
+            assert line is not None, "process 0 ended before training:\n" + "".join(seen)
+            seen.append(line)
+            if "SPS per run" in line and "step            0/" not in line:
+                break
+        victim.kill()
+        killed = time.monotonic()
+        survivor.wait(timeout=timeout * 4)
+        waited = time.monotonic() - killed
+    finally:
+        for p in (victim, survivor):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    rest = []
+    while (line := lines.get(timeout=10)) is not None:
+        rest.append(line)
+    out = "".join(rest)
+    message = [line for line in out.splitlines() if "another process" in line or
+               "another task died" in line]
+    # Either a collective fails first (our one-line error, exit 1) or JAX's heartbeat check
+    # does (its own "...another task died..." line, then abort).
+    assert survivor.returncode not in (0, 124, 137) and message, \
+        (survivor.returncode, out[-3000:])
+    assert waited < timeout * 4, waited
+    print(f"process 0 stopped {waited:.1f}s after its peer died, exit {survivor.returncode}: "
+          f"{message[0][:200]}")
