@@ -18,6 +18,17 @@ import numpy as np
 from jax import lax
 
 
+def check_time_major(fn_name: str, values, **arrays):
+    """Raise a `ValueError` naming the argument whose shape differs from `values`' [T, *batch]."""
+    shape = np.shape(values)
+    for name, x in arrays.items():
+        if np.shape(x) != shape:
+            raise ValueError(f"{fn_name}: `{name}` has shape {np.shape(x)}, expected {shape} "
+                             "(the shape of `values`, time-major [T, *batch]).")
+    if len(shape) < 1:
+        raise ValueError(f"{fn_name}: inputs need a leading time axis, shape [T, *batch].")
+
+
 def gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda):
     r"""Advantages and lambda-returns for a time-major batch of transitions.
 
@@ -42,14 +53,9 @@ def gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda):
       targets: no gradient flows through them.
     """
     values = jnp.asarray(values)
+    check_time_major("gae", values, rewards=rewards, next_values=next_values,
+                     terminated=terminated, truncated=truncated)
     shape = values.shape
-    for name, x in (("rewards", rewards), ("next_values", next_values),
-                    ("terminated", terminated), ("truncated", truncated)):
-        if np.shape(x) != shape:
-            raise ValueError(f"gae: `{name}` has shape {np.shape(x)}, expected {shape} "
-                             "(the shape of `values`, time-major [T, *batch]).")
-    if len(shape) < 1:
-        raise ValueError("gae: inputs need a leading time axis, shape [T, *batch].")
 
     dtype = values.dtype
     terminated = jnp.asarray(terminated).astype(bool)

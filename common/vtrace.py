@@ -12,8 +12,9 @@ trace, since the next step of the rollout belongs to a new episode.
 """
 
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
+
+from common.gae import check_time_major
 
 
 def vtrace(log_rhos, rewards, values, next_values, terminated, truncated, gamma, lambda_=1.0,
@@ -54,14 +55,9 @@ def vtrace(log_rhos, rewards, values, next_values, terminated, truncated, gamma,
       targets: no gradient flows through them.
     """
     values = jnp.asarray(values)
+    check_time_major("vtrace", values, log_rhos=log_rhos, rewards=rewards,
+                     next_values=next_values, terminated=terminated, truncated=truncated)
     shape = values.shape
-    for name, x in (("log_rhos", log_rhos), ("rewards", rewards), ("next_values", next_values),
-                    ("terminated", terminated), ("truncated", truncated)):
-        if np.shape(x) != shape:
-            raise ValueError(f"vtrace: `{name}` has shape {np.shape(x)}, expected {shape} "
-                             "(the shape of `values`, time-major [T, *batch]).")
-    if len(shape) < 1:
-        raise ValueError("vtrace: inputs need a leading time axis, shape [T, *batch].")
 
     dtype = values.dtype
     terminated = jnp.asarray(terminated).astype(bool)
