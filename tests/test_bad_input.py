@@ -63,11 +63,15 @@ CATALOGUE = [
     ("ppo", ["--env-id", "CartPole-v9"], "unknown environment id 'CartPole-v9'"),
     ("a2c", ["--env-id", "Breakout"], "unknown environment id 'Breakout'"),
     ("impala", ["--env-id", "cartpole"], "unknown environment id 'cartpole'"),
+    ("a2c", ["--env-id", "CartPole-v9"], "unknown environment id 'CartPole-v9'"),
     # --- sizes ---
     ("ppo", ["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "not divisible"),
     ("impala", ["--num-envs", "6", "--num-minibatches", "4"], "not divisible"),
     ("ppo", ["--num-envs", "0"], "--num-envs must be a positive integer"),
     ("a2c", ["--num-steps", "0"], "--num-steps must be a positive integer"),
+    ("a2c", ["--num-envs", "0"], "--num-envs must be a positive integer"),
+    ("ppo", ["--total-timesteps", "-5"], "--total-timesteps must be a positive integer"),
+    ("a2c", ["--total-timesteps", "50"], "less than one rollout"),
     ("ppo", ["--total-timesteps", "100"], "less than one rollout"),
     ("impala", ["--total-timesteps", "100"], "less than one batch"),
     ("ppo", ["--eval-episodes", "0"], "--eval-episodes must be a positive integer"),
@@ -77,6 +81,8 @@ CATALOGUE = [
     ("a2c", ["--eval-every", "-2"], "--eval-every must be >= 0"),
     # --- rates and lags ---
     ("ppo", ["--learning-rate", "0"], "--learning-rate must be > 0"),
+    ("ppo", ["--learning-rate", "-1e-3"], "--learning-rate must be > 0"),
+    ("ppo", ["--gamma", "1.5"], "--gamma must be in [0, 1]"),
     ("a2c", ["--rmsprop-alpha", "1.0"], "--rmsprop-alpha must be in [0, 1)"),
     ("impala", ["--actor-lag", "-1"], "--actor-lag must be >= 0"),
     # --- checkpoints ---
