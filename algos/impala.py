@@ -162,6 +162,9 @@ class Config:
     """Width of the two hidden layers of the actor and critic MLPs."""
     activation: Literal["tanh", "relu"] = "tanh"
     """Activation of the MLPs (the CNN torso always uses ReLU)."""
+    network: Literal["auto", "mlp", "cnn"] = "auto"
+    """Torso: `auto` picks the CNN for image observations (MinAtar) and the MLPs otherwise;
+    `mlp` flattens images into the MLPs (PureJaxRL's MinAtar baseline, much cheaper on a CPU)."""
 
     def __post_init__(self):
         positive = ("num_seeds", "total_timesteps", "num_envs", "num_steps", "num_minibatches",
@@ -207,7 +210,13 @@ class Config:
             raise ValueError(f"--optimizer must be 'rmsprop' or 'adam', got {self.optimizer!r}.")
         if self.activation not in ("tanh", "relu"):
             raise ValueError(f"--activation must be 'tanh' or 'relu', got {self.activation!r}.")
-        make_env(self.env_id)  # an unknown id fails here, before anything compiles
+        if self.network not in ("auto", "mlp", "cnn"):
+            raise ValueError(f"--network must be 'auto', 'mlp' or 'cnn', got {self.network!r}.")
+        _, _, spec = make_env(self.env_id)  # an unknown id fails here, before anything compiles
+        if self.network == "cnn" and not spec.image_obs:
+            raise ValueError(f"--network cnn needs image observations (a MinAtar game), but "
+                             f"{self.env_id} observations have shape {spec.obs_shape}; use "
+                             f"--network mlp (or auto).")
 
     @property
     def batch_size(self) -> int:
@@ -247,23 +256,25 @@ class HParams(NamedTuple):
 # Network
 # --------------------------------------------------------------------------------------------
 class ActorCritic(nn.Module):
-    """pi(a|s) and V(s). MLP observations: separate actor and critic MLPs. Image observations:
-    one shared CNN torso (Conv 16 3x3, Dense 128, as the MinAtar baselines, Young & Tian 2019,
+    """pi(a|s) and V(s). MLP torso: separate actor and critic MLPs (images flattened). CNN torso:
+    one shared CNN (Conv 16 3x3, Dense 128, as the MinAtar baselines, Young & Tian 2019,
     arXiv:1903.03176) with a policy head and a value head."""
 
     spec: EnvSpec
     hidden_size: int = 64
     activation: str = "tanh"
+    cnn: bool = False
 
     @nn.compact
     def __call__(self, obs):
         act = nn.tanh if self.activation == "tanh" else nn.relu
         dense = lambda n, scale: nn.Dense(n, kernel_init=orthogonal(scale))  # noqa: E731
-        if self.spec.image_obs:
+        if self.cnn:
             x = nn.relu(nn.Conv(16, (3, 3), kernel_init=orthogonal(np.sqrt(2)))(obs))
             x = nn.relu(dense(128, np.sqrt(2))(x.reshape(x.shape[:-3] + (-1,))))
             actor, critic = x, x
         else:
+            obs = obs.reshape(obs.shape[:obs.ndim - len(self.spec.obs_shape)] + (-1,))
             actor = act(dense(self.hidden_size, np.sqrt(2))(obs))
             actor = act(dense(self.hidden_size, np.sqrt(2))(actor))
             critic = act(dense(self.hidden_size, np.sqrt(2))(obs))
@@ -328,7 +339,8 @@ def make_train(config: Config):
     `metrics` maps names to arrays with one row per update (leading axis `num_updates`).
     """
     env, env_params, spec = make_env(config.env_id)
-    network = ActorCritic(spec, config.hidden_size, config.activation)
+    cnn = config.network == "cnn" or (config.network == "auto" and spec.image_obs)
+    network = ActorCritic(spec, config.hidden_size, config.activation, cnn)
     num_updates, batch_size, lag = config.num_updates, config.batch_size, config.actor_lag
     envs_per_minibatch = config.num_envs // config.num_minibatches
     report_every = max(1, num_updates // 50)

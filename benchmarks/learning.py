@@ -24,14 +24,14 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from benchmarks.configs import CONFIGS  # noqa: E402
+from benchmarks.configs import CONFIGS, VARIANTS  # noqa: E402
 from common.logger import final_return, seed_keys  # noqa: E402
 
 
 def run_cell(algo: str, env_id: str, seeds: int, total_timesteps=None, seed: int = 1,
-             **overrides):
+             variant: str = "", **overrides):
     module = importlib.import_module(f"algos.{algo}")
-    settings = {**CONFIGS.get((algo, env_id), {}), **overrides}
+    settings = {**CONFIGS.get((algo, env_id), {}), **VARIANTS.get(variant, {}), **overrides}
     if total_timesteps is not None:
         settings["total_timesteps"] = total_timesteps
     config = module.Config(env_id=env_id, seed=seed, num_seeds=seeds, **settings)
@@ -54,7 +54,10 @@ def main():
     parser.add_argument("--total-timesteps", type=int, default=None)
     parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
                         help="override Config fields, e.g. --set learning_rate=1e-3")
-    parser.add_argument("--tag", default="", help="suffix of the results file name")
+    parser.add_argument("--variant", default="", choices=["", *VARIANTS],
+                        help="a named set of overrides from benchmarks/configs.py")
+    parser.add_argument("--tag", default="",
+                        help="suffix of the results file name (default: the variant)")
     parser.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results"))
     args = parser.parse_args()
 
@@ -66,7 +69,8 @@ def main():
         except (ValueError, SyntaxError):
             overrides[field] = value
     config, metrics, compile_s, train_s = run_cell(args.algo, args.env_id, args.seeds,
-                                                   args.total_timesteps, **overrides)
+                                                   args.total_timesteps,
+                                                   variant=args.variant, **overrides)
     final = final_return(metrics["episodic_return"])
     steps = config.num_updates * config.batch_size
     print(f"{args.algo} {args.env_id}: {args.seeds} seeds x {steps:,} steps | final return "
@@ -92,7 +96,8 @@ def main():
         "final_return": np.round(final, 2).tolist(),
     }
     os.makedirs(args.out_dir, exist_ok=True)
-    tag = f"__{args.tag}" if args.tag else ""
+    tag = args.tag or args.variant
+    tag = f"__{tag}" if tag else ""
     path = os.path.join(args.out_dir, f"{args.algo}__{args.env_id}{tag}.json")
     with open(path, "w") as f:
         json.dump(record, f, separators=(",", ":"))

@@ -64,6 +64,10 @@ CATALOGUE = [
     ("a2c", ["--env-id", "Breakout"], "unknown environment id 'Breakout'"),
     ("impala", ["--env-id", "cartpole"], "unknown environment id 'cartpole'"),
     ("a2c", ["--env-id", "CartPole-v9"], "unknown environment id 'CartPole-v9'"),
+    # --- network ---
+    ("ppo", ["--network", "cnn"], "--network cnn needs image observations"),
+    ("a2c", ["--network", "cnn", "--env-id", "Pendulum-v1"], "--network cnn needs image"),
+    ("impala", ["--network", "cnn", "--env-id", "Acrobot-v1"], "--network cnn needs image"),
     # --- sizes ---
     ("ppo", ["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "not divisible"),
     ("impala", ["--num-envs", "6", "--num-minibatches", "4"], "not divisible"),
