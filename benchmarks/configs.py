@@ -46,14 +46,21 @@ CONFIGS = {
     # IMPALA: the file's defaults (32 envs x 20 steps, actor_lag 1, RMSprop lr 5e-3).
     ("impala", "CartPole-v1"): dict(total_timesteps=1_000_000, actor_lag=1),
     ("impala", "Acrobot-v1"): dict(total_timesteps=1_000_000, actor_lag=1),
-    # IMPALA on continuous control: Adam 3e-4, 2 epochs of 4 minibatches per batch,
-    # normalised observations, no entropy bonus.
-    ("impala", "Pendulum-v1"): dict(total_timesteps=2_000_000, optimizer="adam",
-                                    learning_rate=3e-4, num_minibatches=4, update_epochs=2,
-                                    ent_coef=0.0, normalize_obs=True),
-    ("impala", "MountainCarContinuous-v0"): dict(total_timesteps=2_000_000, optimizer="adam",
-                                                 learning_rate=3e-4, num_minibatches=4,
-                                                 update_epochs=2, ent_coef=0.0,
+    # IMPALA on Pendulum: A2C's small batches (8 envs x 8 steps, one gradient step each),
+    # gamma 0.9 and lambda 0.9, RMSprop 1e-3 with eps 1e-5, no entropy bonus, normalised
+    # observations. Found with a vmapped sweep (2 seeds x gamma {0.9, 0.95, 0.99} x lr {3e-4,
+    # 1e-3}, 1e6 steps): gamma 0.9, lr 1e-3 reached -210 and -185; Adam 3e-4 with 32 envs x
+    # 20 steps and 2 epochs x 4 minibatches stayed at random (-1219 over 8 seeds, 2e6 steps).
+    ("impala", "Pendulum-v1"): dict(total_timesteps=2_000_000, num_envs=8, num_steps=8,
+                                    learning_rate=1e-3, rms_eps=1e-5, gamma=0.9,
+                                    vtrace_lambda=0.9, vf_coef=0.4, ent_coef=0.0,
+                                    normalize_obs=True),
+    # IMPALA on MountainCarContinuous: the same small batches, RMSprop 1e-3 with eps 1e-5,
+    # gamma 0.99 (the same sweep: 93 and 91 at 1e6 steps; gamma 0.9 stayed at 0; Adam 3e-4
+    # with 2 epochs x 4 minibatches of 32 envs x 20 steps gave 14 +- 51 over 8 seeds).
+    ("impala", "MountainCarContinuous-v0"): dict(total_timesteps=2_000_000, num_envs=8,
+                                                 num_steps=8, learning_rate=1e-3,
+                                                 rms_eps=1e-5, ent_coef=0.0,
                                                  normalize_obs=True),
 }
 for _game in MINATAR:

@@ -2,9 +2,10 @@
 
     python benchmarks/plot.py benchmarks/results/ppo__CartPole-v1.json ... --out curves.png
 
-Each JSON file (written by `benchmarks/learning.py`) becomes one panel: episodic return per
-update, smoothed with a NaN-aware moving mean (updates that finished no episode are NaN),
-then the mean over seeds and mean +- 1.96 standard errors, against environment steps.
+One panel per environment; each JSON file written by `benchmarks/learning.py` becomes one
+line on its environment's panel (other files are skipped): episodic return per update,
+smoothed with a NaN-aware moving mean (updates that finished no episode are NaN), then the
+mean over seeds and mean +- 1.96 standard errors, against environment steps.
 Needs matplotlib (`pip install -e ".[bench]"`).
 """
 
@@ -37,26 +38,36 @@ def main():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cols = min(args.cols, len(args.files))
-    rows = -(-len(args.files) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.3 * rows), squeeze=False)
-    for ax, path in zip(axes.flat, args.files):
+    # One panel per environment, one line per results file (algorithm and variant).
+    panels = {}
+    for path in args.files:
         record = json.load(open(path))
-        x = np.asarray(record["global_step"])
-        returns = np.asarray(record["episodic_return"], float)
-        curves = smooth(returns, max(1, len(x) // 50))
-        mean = np.nanmean(curves, axis=0)
-        band = 1.96 * np.nanstd(curves, axis=0) / np.sqrt(len(curves))
-        config = record["config"]
-        ax.plot(x, mean, lw=1.8)
-        ax.fill_between(x, mean - band, mean + band, alpha=0.3)
-        name = os.path.basename(path)[:-5].split("__")
-        ax.set_title(f"{name[0].upper()} {config['env_id']} ({len(curves)} seeds)"
-                     + (f"\n{name[2]}" if len(name) > 2 else ""), fontsize=9)
+        if "episodic_return" not in record:
+            continue  # a speed or scaling result
+        panels.setdefault(record["config"]["env_id"], []).append((path, record))
+    cols = min(args.cols, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.3 * rows), squeeze=False)
+    colors = {}
+    for ax, (env_id, records) in zip(axes.flat, panels.items()):
+        for path, record in records:
+            x = np.asarray(record["global_step"])
+            returns = np.asarray(record["episodic_return"], float)
+            curves = smooth(returns, max(1, len(x) // 50))
+            mean = np.nanmean(curves, axis=0)
+            band = 1.96 * np.nanstd(curves, axis=0) / np.sqrt(len(curves))
+            name = os.path.basename(path)[:-5].split("__")
+            label = name[0].upper() + (f" {name[2]}" if len(name) > 2 else "") \
+                + (" (GPU)" if os.sep + "gpu" + os.sep in path else "")
+            color = colors.setdefault(label, f"C{len(colors) % 10}")  # the same on every panel
+            ax.plot(x, mean, lw=1.5, color=color, label=f"{label}, {len(curves)} seeds")
+            ax.fill_between(x, mean - band, mean + band, color=color, alpha=0.25)
+        ax.set_title(env_id, fontsize=10)
         ax.set_xlabel("environment steps")
         ax.set_ylabel("episodic return")
         ax.grid(alpha=0.3)
-    for ax in axes.flat[len(args.files):]:
+        ax.legend(fontsize=6.5)
+    for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
     fig.tight_layout()
     fig.savefig(args.out, dpi=100)

@@ -1,0 +1,129 @@
+"""The README's learning table, printed from the committed raw results.
+
+    python benchmarks/table.py                 # every result in benchmarks/results{,/gpu}
+
+One row per results file written by `benchmarks/learning.py`: the final return (mean over the
+last 10% of updates) as mean +- std over seeds and the worst seed, recomputed from the saved
+per-update returns, beside the return of a uniformly random policy on that environment
+(computed here: 64 environments for 4000 steps); then, per environment, published figures
+from other projects with their sources (`REFERENCES`).
+"""
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from common.logger import final_return  # noqa: E402
+
+ENVS = ["CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCarContinuous-v0",
+        "Breakout-MinAtar", "SpaceInvaders-MinAtar", "Asterix-MinAtar", "Freeway-MinAtar"]
+ALGOS = ["ppo", "a2c", "impala"]
+
+CLEANRL = "CleanRL `docs/rl-algorithms/ppo.md` (3 seeds, 5e5 steps)"
+GYMNAX = "gymnax README, PPO, 1 seed, 1e7 steps (gymnax-blines configs)"
+MINATAR = "MinAtar paper (Young & Tian 2019, arXiv:1903.03176) AC(lambda), 5e6 frames, " \
+          "30 runs, read off its plot"
+# Published figures: (who, figure, source). "~" marks a value read off a plot.
+REFERENCES = {
+    "CartPole-v1": [("CleanRL PPO", "490.0 ± 6.1", CLEANRL),
+                    ("gymnax PPO", "500", "gymnax README (1 seed, 1.5e5 steps)")],
+    "Acrobot-v1": [("CleanRL PPO", "−86.4 ± 1.3", CLEANRL),
+                   ("gymnax PPO", "−80", "gymnax README (1 seed, 5e5 steps)")],
+    "Pendulum-v1": [("CleanRL PPO / RPO", "−1142.0 ± 135.6 / −151.1 ± 3.7",
+                     "CleanRL `docs/rl-algorithms/rpo.md` (Gymnasium, 10 seeds, 8e6 steps)"),
+                    ("gymnax ES", "−130", "gymnax README (evolution strategies, ~4e7 steps)")],
+    "MountainCarContinuous-v0": [("gymnax ES", "92", "gymnax README (evolution strategies, "
+                                  "~8e8 steps; its PPO log ends at −0.1)")],
+    "Breakout-MinAtar": [("gymnax PPO", "28", GYMNAX + "; its stored log ends at 22.9"),
+                         ("PureJaxRL PPO (MLP)", "≈26 at 1e6 steps", "measured here, issue #7"),
+                         ("PureJaxRL PPO", "~40", "PureJaxRL `docs/minatar_plot_seconds.png`, "
+                          "budget not stated"),
+                         ("AC(λ)", "~17.5", MINATAR)],
+    "SpaceInvaders-MinAtar": [("gymnax PPO", "131", GYMNAX),
+                              ("PureJaxRL PPO (MLP)", "≈78 at 1e6 steps",
+                               "measured here, issue #7"),
+                              ("PureJaxRL PPO (MLP)", "~170", "PureJaxRL "
+                               "`examples/brax_minatar.ipynb`, 1 seed, 1e7 steps"),
+                              ("AC(λ)", "~185", MINATAR)],
+    "Asterix-MinAtar": [("gymnax PPO", "15", GYMNAX), ("AC(λ)", "~19", MINATAR)],
+    "Freeway-MinAtar": [("gymnax PPO", "58", GYMNAX), ("AC(λ)", "~47.5", MINATAR)],
+}
+
+
+def random_return(env_id: str, num_envs: int = 64, num_steps: int = 4000) -> float:
+    """Mean return of the episodes a uniformly random policy finishes (actions uniform over
+    the discrete set or the box)."""
+    import jax
+
+    from common.envs import make_env
+    from common.rollout import finished_episode_stats, reset, rollout
+
+    env, env_params, spec = make_env(env_id)
+
+    def policy(key, obs):
+        if spec.discrete:
+            return jax.random.randint(key, obs.shape[:1], 0, spec.action_dim), None
+        return jax.random.uniform(key, obs.shape[:1] + (spec.action_dim,),
+                                  minval=np.array(spec.action_low),
+                                  maxval=np.array(spec.action_high)), None
+
+    @jax.jit
+    def run(key):
+        state = reset(env, env_params, key, num_envs)
+        _, traj = rollout(env, env_params, spec, policy, state, key, num_steps)
+        ret_sum, _, count = finished_episode_stats(traj)
+        return ret_sum / count
+
+    return float(run(jax.random.PRNGKey(0)))
+
+
+def describe(path):
+    record = json.load(open(path))
+    if "episodic_return" not in record:
+        return None  # a speed or scaling file
+    name = os.path.basename(path)[:-len(".json")]
+    algo, env_id, *tag = name.split("__")
+    config = record["config"]
+    cnn = config.get("network", "auto") == "cnn" or (
+        config.get("network", "auto") == "auto" and env_id.endswith("MinAtar"))
+    final = final_return(np.asarray(record["episodic_return"], float))
+    return dict(algo=algo, env_id=env_id, tag=tag[0] if tag else "",
+                where="GPU" if os.sep + "gpu" + os.sep in path else "CPU",
+                network="CNN" if cnn else "MLP", steps=record["global_step"][-1],
+                seeds=len(final), mean=final.mean(), std=final.std(), worst=final.min(),
+                path=os.path.relpath(path, ROOT))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("files", nargs="*")
+    args = parser.parse_args()
+    files = args.files or sorted(glob.glob(os.path.join(ROOT, "benchmarks", "results", "*.json"))
+                                 + glob.glob(os.path.join(ROOT, "benchmarks", "results", "gpu",
+                                                          "*.json")))
+    rows = [r for r in map(describe, files) if r is not None and r["algo"] in ALGOS]
+    rows.sort(key=lambda r: (ALGOS.index(r["algo"]), ENVS.index(r["env_id"]), r["where"],
+                             r["tag"]))
+    random = {env_id: random_return(env_id) for env_id in {r["env_id"] for r in rows}}
+    print("| algorithm | environment | network, machine, variant | steps | seeds | "
+          "random policy | final return, mean ± std | worst seed | raw results |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        what = ", ".join(x for x in (r["network"], r["where"], r["tag"]) if x)
+        print(f"| {r['algo'].upper() if r['algo'] != 'impala' else 'IMPALA'} | {r['env_id']} | "
+              f"{what} | {r['steps']:.1e} | {r['seeds']} | {random[r['env_id']]:.1f} | {r['mean']:.1f} ± {r['std']:.1f} | "
+              f"{r['worst']:.1f} | `{r['path']}` |".replace("e+0", "e"))
+    print("\n| environment | published | figure | source |\n|---|---|---|---|")
+    for env_id in ENVS:
+        for who, figure, source in REFERENCES.get(env_id, []):
+            print(f"| {env_id} | {who} | {figure} | {source} |")
+
+
+if __name__ == "__main__":
+    main()
