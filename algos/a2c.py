@@ -53,7 +53,7 @@ from common.distributed import pmean
 from common.envs import EnvSpec, make_env
 from common.gae import gae
 from common.init import orthogonal
-from common.rollout import EnvState, finished_episode_stats, reset, rollout
+from common.rollout import EnvState, Trajectory, finished_episode_stats, reset, rollout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,25 +370,24 @@ def make_train(config: Config):
                           reset(env, env_params, distributed.fold_in_device(key_env),
                                 config.num_envs // devices), key)
 
-    def update_step(state: TrainState, hp: HParams, update):
-        """One A2C iteration: collect a rollout, take one gradient step on all of it."""
-        key, key_rollout = jax.random.split(state.key)
-        key_rollout = distributed.fold_in_device(key_rollout)  # data-parallel: own randomness
+    def learn(state: TrainState, hp: HParams, traj: Trajectory):
+        """One gradient step of the A2C loss on one rollout (Algorithm S3's update).
+
+        `traj` is time-major, [T, num_envs, ...] (data-parallel: this device's share of the
+        environments, [T, num_envs / D, ...]); the step reads its obs, action, reward,
+        terminated, truncated and next_obs, and bootstraps from V(next_obs) under
+        `state.params`. The losses are means over equal shares, so the mean (`pmean`) of the
+        devices' gradients is the gradient of the whole rollout; advantage normalisation and
+        explained variance use global statistics (`distributed.mean_var`), so the result does
+        not depend on the number of devices.
+        Returns `(params, opt_state, info)`, `info` averaged over the devices.
+        """
         norm = (lambda obs: normalize.normalize(state.obs_stats, obs)) if config.normalize_obs \
             else (lambda obs: obs)
-
-        # COLLECT TRAJECTORIES with the current policy
-        def policy(key, obs):
-            pi, _ = network.apply(state.params, norm(obs))
-            return pi.sample(seed=key), None
-
-        env_state, traj = rollout(env, env_params, spec, policy, state.env, key_rollout,
-                                  config.num_steps)
 
         # BOOTSTRAP VALUES: V of the true next observation (the final one where an episode ended)
         _, v_tp1 = network.apply(state.params, norm(traj.next_obs))
 
-        # UPDATE: one gradient step on the whole rollout (time-major [T, num_envs])
         def loss_fn(params):
             pi, v_t = network.apply(params, norm(traj.obs))
             return a2c_loss(pi.log_prob(traj.action), pi.entropy(), v_t, traj.reward, v_tp1,
@@ -397,9 +396,27 @@ def make_train(config: Config):
                             vf_coef=hp.vf_coef, norm_adv=config.norm_adv)
 
         grads, info = jax.grad(loss_fn, has_aux=True)(state.params)
-        grads = pmean(grads)  # data-parallel: average over devices (no-op otherwise)
+        grads, info = pmean((grads, info))  # data-parallel: average over devices (no-op otherwise)
         updates, opt_state = make_optimizer(hp).update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        return optax.apply_updates(state.params, updates), opt_state, info
+
+    def update_step(state: TrainState, hp: HParams, update):
+        """One A2C iteration: collect a rollout, take one gradient step on all of it."""
+        key, key_rollout = jax.random.split(state.key)
+        key_rollout = distributed.fold_in_device(key_rollout)  # data-parallel: own randomness
+
+        # COLLECT TRAJECTORIES with the current policy
+        def policy(key, obs):
+            if config.normalize_obs:
+                obs = normalize.normalize(state.obs_stats, obs)
+            pi, _ = network.apply(state.params, obs)
+            return pi.sample(seed=key), None
+
+        env_state, traj = rollout(env, env_params, spec, policy, state.env, key_rollout,
+                                  config.num_steps)
+
+        # UPDATE: one gradient step on the whole rollout (time-major [T, num_envs])
+        params, opt_state, info = learn(state, hp, traj)
 
         obs_stats = state.obs_stats
         if config.normalize_obs:
@@ -412,7 +429,7 @@ def make_train(config: Config):
             "episodic_return": ret_sum / count,
             "episodic_length": len_sum / count,
             "learning_rate": learning_rate(hp, update),
-            **pmean(info)._asdict(),
+            **info._asdict(),
         }
         if progress is not None:
             logger.report_progress(progress, update, num_updates, report_every,
@@ -438,6 +455,7 @@ def make_train(config: Config):
     # evaluation policy, and the host-side printer of `live_progress` (call
     # `train.progress.close()` for its last line).
     train.init, train.run_updates, train.act, train.progress = init, run_updates, act, progress
+    train.learn = learn
     return train
 
 

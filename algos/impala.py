@@ -410,31 +410,26 @@ def make_train(config: Config):
                           reset(env, env_params, distributed.fold_in_device(key_env),
                                 config.num_envs // devices), key)
 
-    def update_step(state: TrainState, hp: HParams, update):
-        """One IMPALA iteration: lagged actors collect a batch, the learner learns from it."""
+    def learn(state: TrainState, hp: HParams, data: Transition, key):
+        """The learner's step (Sec. 4.2) on one batch of trajectories: `update_epochs` passes
+        over `num_minibatches` minibatches of whole trajectories, one SGD step on the V-Trace
+        actor-critic loss (`loss_fn`) per minibatch.
+
+        `data` is time-major, [T, num_envs, ...] (data-parallel: this device's share of the
+        environments, [T, num_envs / D, ...]). Minibatches split the environments, never the
+        time axis, which V-Trace runs along: each epoch permutes all `num_envs` environments
+        with `key` and cuts them into consecutive minibatches. So that a minibatch is the same
+        set of trajectories on any number of devices D, every device gathers the whole batch
+        (`all_gather`), applies the same permutation, and takes the gradient of its 1/D share
+        of each minibatch (`device_share`); `pmean` of those (means over equal shares) is the
+        minibatch's gradient. Permuting only the local environments would need no gather but
+        would split differently -- every minibatch would hold equally many trajectories from
+        each device -- and the result would depend on D.
+        Returns `(params, opt_state, info)`, `info` [update_epochs, num_minibatches].
+        """
         optimizer = make_optimizer(hp)
-        key, key_rollout, key_epochs = jax.random.split(state.key, 3)
-        key_rollout = distributed.fold_in_device(key_rollout)  # data-parallel: own randomness
+        data = distributed.all_gather(data, axis=1)  # data-parallel: every environment, in order
 
-        # ACT with the behaviour policy: the learner's parameters from `actor_lag` updates ago
-        behaviour_params = jax.tree.map(lambda x: x[0], state.past_params) if lag \
-            else state.params
-
-        def policy(key, obs):
-            if config.normalize_obs:
-                obs = normalize.normalize(state.obs_stats, obs)
-            pi, _ = network.apply(behaviour_params, obs)
-            return pi.sample_and_log_prob(seed=key)
-
-        env_state, traj = rollout(env, env_params, spec, policy, state.env, key_rollout,
-                                  config.num_steps)
-        data = Transition(traj.obs, traj.action, traj.reward, traj.terminated, traj.truncated,
-                          traj.next_obs, traj.policy_info)
-        # GATHER (data-parallel): every device gets all environments' trajectories, in order,
-        # and shuffles them with the same key, so the minibatches do not depend on the devices
-        data = distributed.all_gather(data, axis=1)
-
-        # LEARN: update_epochs passes over minibatches of whole trajectories
         def epoch(carry, key):
             def minibatch(carry, batch: Transition):
                 params, opt_state = carry
@@ -453,8 +448,31 @@ def make_train(config: Config):
             return lax.scan(minibatch, carry, batches)
 
         (params, opt_state), info = lax.scan(
-            epoch, (state.params, state.opt_state),
-            jax.random.split(key_epochs, config.update_epochs))
+            epoch, (state.params, state.opt_state), jax.random.split(key, config.update_epochs))
+        return params, opt_state, info
+
+    def update_step(state: TrainState, hp: HParams, update):
+        """One IMPALA iteration: lagged actors collect a batch, the learner learns from it."""
+        key, key_rollout, key_epochs = jax.random.split(state.key, 3)
+        key_rollout = distributed.fold_in_device(key_rollout)  # data-parallel: own randomness
+
+        # ACT with the behaviour policy: the learner's parameters from `actor_lag` updates ago
+        behaviour_params = jax.tree.map(lambda x: x[0], state.past_params) if lag \
+            else state.params
+
+        def policy(key, obs):
+            if config.normalize_obs:
+                obs = normalize.normalize(state.obs_stats, obs)
+            pi, _ = network.apply(behaviour_params, obs)
+            return pi.sample_and_log_prob(seed=key)
+
+        env_state, traj = rollout(env, env_params, spec, policy, state.env, key_rollout,
+                                  config.num_steps)
+        data = Transition(traj.obs, traj.action, traj.reward, traj.terminated, traj.truncated,
+                          traj.next_obs, traj.policy_info)
+
+        # LEARN: update_epochs passes over minibatches of whole trajectories
+        params, opt_state, info = learn(state, hp, data, key_epochs)
 
         # LAG: the parameters this update started from join the queue, the oldest leave it
         past_params = jax.tree.map(
@@ -463,8 +481,8 @@ def make_train(config: Config):
 
         obs_stats = state.obs_stats
         if config.normalize_obs:
-            obs_stats = normalize.update(obs_stats, data.obs.reshape((-1,) + spec.obs_shape),
-                                         axis_name=None)  # the gathered, global batch
+            # global statistics of the whole batch (data-parallel: averaged over the devices)
+            obs_stats = normalize.update(obs_stats, data.obs.reshape((-1,) + spec.obs_shape))
 
         # METRICS: one row per update, losses averaged over the minibatches
         ret_sum, len_sum, count = pmean(finished_episode_stats(traj))
@@ -499,6 +517,7 @@ def make_train(config: Config):
     # evaluation policy, and the host-side printer of `live_progress` (call
     # `train.progress.close()` for its last line).
     train.init, train.run_updates, train.act, train.progress = init, run_updates, act, progress
+    train.learn = learn
     return train
 
 

@@ -2,7 +2,7 @@
 checks that need devices set before JAX starts.
 Prints "ok" and exits 0 when every check passes.
 
-    python tests/scaling_probe.py learn              # PPO learn: same params on 1, 2, 4 devices
+    python tests/scaling_probe.py learn [ALGO...]    # learn: same params on 1, 2, 4 devices
     python tests/scaling_probe.py update [ALGO...]   # data-parallel updates on 2 devices
 """
 
@@ -36,43 +36,121 @@ def per_device(tree):
     return jax.tree.map(lambda x: x[None], tree)
 
 
-def check_learn():
+def assert_learned_the_same(d, start, got, want):
+    """`got`: `(params, opt_state, info)` of `learn` on d devices, every leaf with a leading
+    device axis; `want`: the same without any device axis. The parameters are bitwise the same
+    on every device, equal `want`'s to float rounding, and moved away from `start`."""
+    (params, _, info), (ref_params, _, ref_info) = got[:3], want[:3]
+    for leaf, ref in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params), strict=True):
+        assert leaf.shape == (d,) + ref.shape
+        for i in range(1, d):  # bitwise the same on every device
+            np.testing.assert_array_equal(leaf[i], leaf[0])
+        np.testing.assert_allclose(leaf[0], ref, rtol=2e-5, atol=2e-6, err_msg=f"{d} devices")
+    for leaf, ref in zip(jax.tree.leaves(info), jax.tree.leaves(ref_info), strict=True):
+        np.testing.assert_allclose(leaf[0], ref, rtol=1e-4, atol=1e-6, err_msg=f"{d} devices")
+    moved = max(float(jnp.abs(a[0] - b).max()) for a, b in
+                zip(jax.tree.leaves(params), jax.tree.leaves(start)))
+    assert moved > 1e-4, moved  # the update really changed the parameters
+
+
+def with_obs_stats(state):
+    """Observation statistics far from the initial ones, so that normalising matters."""
+    return state._replace(obs_stats=state.obs_stats._replace(
+        mean=jnp.full(4, 0.5), var=jnp.full(4, 2.0), count=jnp.float32(100.0)))
+
+
+def random_episode_ends(key, shape):
+    """`terminated`, `truncated` flags as a rollout makes them: about 1 step in 8, never both."""
+    k1, k2 = jax.random.split(key)
+    terminated = jax.random.bernoulli(k1, 0.1, shape)
+    return terminated, jnp.logical_and(jax.random.bernoulli(k2, 0.05, shape), ~terminated)
+
+
+def check_learn_ppo():
     """One PPO `learn` (2 epochs x 2 minibatches, advantage normalisation, observation
     normalisation, KL early stop) from the same state on the same global batch: the same
-    parameters on 1, 2 and 4 devices as without any device axis, identical on every device."""
+    parameters on 1, 2 and 4 devices as without any device axis, identical on every device.
+    PPO's `learn` takes the gathered global batch, the same on every device (`P()`)."""
     from algos.ppo import Config, Transition, make_train
 
     config = Config(**TINY, normalize_obs=True, target_kl=0.5)
     train = make_train(config)
     hp = config.hparams()
-    state = jax.jit(train.init)(jax.random.PRNGKey(0))
+    state = with_obs_stats(jax.jit(train.init)(jax.random.PRNGKey(0)))
     k = jax.random.split(jax.random.PRNGKey(1), 6)
     n = config.batch_size
     obs = jax.random.normal(k[0], (n, 4)) * 2.0 + 1.0
-    state = state._replace(obs_stats=state.obs_stats._replace(
-        mean=jnp.full(4, 0.5), var=jnp.full(4, 2.0), count=jnp.float32(100.0)))
     data = Transition(obs, jax.random.randint(k[1], (n,), 0, 2),
                       jnp.log(0.5) + 0.1 * jax.random.normal(k[2], (n,)),
                       jax.random.normal(k[3], (n,)), jax.random.normal(k[4], (n,)) * 3.0 + 1.0,
                       jax.random.normal(k[5], (n,)))
     key = jax.random.PRNGKey(2)
-    ref_params, _, ref_info, ref_ran = jax.jit(train.learn)(state, hp, data, key)
+    want = jax.jit(train.learn)(state, hp, data, key)
     for d in (1, 2, 4):
         run = data_parallel(lambda s, h, b, k: per_device(train.learn(s, h, b, k)),
                             jax.devices()[:d], (P(), P(), P(), P()), P(DATA_AXIS))
-        params, _, info, ran = run(state, hp, data, key)
-        for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params), strict=True):
-            assert got.shape == (d,) + want.shape
-            for i in range(1, d):  # bitwise the same on every device
-                np.testing.assert_array_equal(got[i], got[0])
-            np.testing.assert_allclose(got[0], want, rtol=2e-5, atol=2e-6, err_msg=f"{d} devices")
-        for got, want in zip(jax.tree.leaves(info), jax.tree.leaves(ref_info)):
-            np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-6, err_msg=f"{d} devices")
-        np.testing.assert_array_equal(ran[0], ref_ran)
-        moved = max(float(jnp.abs(a - b).max()) for a, b in
-                    zip(jax.tree.leaves(params), jax.tree.leaves(state.params)))
-        assert moved > 1e-4, moved  # the update really changed the parameters
-    print("learn: same parameters on 1, 2, 4 devices")
+        got = run(state, hp, data, key)
+        assert_learned_the_same(d, state.params, got, want)
+        np.testing.assert_array_equal(got[3][0], want[3])  # the same epochs ran
+
+
+def check_learn_a2c():
+    """One A2C `learn` (advantage normalisation, observation normalisation) from the same
+    state on the same rollout [T, num_envs], its environments split across 1, 2 and 4 devices
+    (`P(None, DATA_AXIS)`): the same parameters as without any device axis."""
+    from algos.a2c import Config, make_train
+    from common.rollout import Trajectory
+
+    config = Config(**{k: v for k, v in TINY.items()
+                       if k not in ("num_minibatches", "update_epochs")},
+                    normalize_obs=True, norm_adv=True)
+    train = make_train(config)
+    hp = config.hparams()
+    state = with_obs_stats(jax.jit(train.init)(jax.random.PRNGKey(0)))
+    shape = (config.num_steps, config.num_envs)
+    k = jax.random.split(jax.random.PRNGKey(1), 5)
+    terminated, truncated = random_episode_ends(k[0], shape)
+    traj = Trajectory(obs=jax.random.normal(k[1], shape + (4,)) * 2.0 + 1.0,
+                      action=jax.random.randint(k[2], shape, 0, 2),
+                      reward=jax.random.normal(k[3], shape) + 1.0,
+                      terminated=terminated, truncated=truncated,
+                      next_obs=jax.random.normal(k[4], shape + (4,)) * 2.0 + 1.0,
+                      policy_info=None, episode_return=jnp.zeros(shape),
+                      episode_length=jnp.zeros(shape, jnp.int32))
+    want = jax.jit(train.learn)(state, hp, traj)
+    for d in (1, 2, 4):
+        run = data_parallel(lambda s, h, t: per_device(train.learn(s, h, t)),
+                            jax.devices()[:d], (P(), P(), P(None, DATA_AXIS)), P(DATA_AXIS))
+        assert_learned_the_same(d, state.params, run(state, hp, traj), want)
+
+
+def check_learn_impala():
+    """One IMPALA `learn` (2 epochs x 2 minibatches of environments, V-Trace with behaviour
+    log-probabilities off the learner's, observation normalisation) from the same state on the
+    same batch [T, num_envs], its environments split across 1, 2 and 4 devices: the same
+    parameters as without any device axis (every minibatch the same set of trajectories)."""
+    from algos.impala import Config, Transition, make_train
+
+    config = Config(**TINY, normalize_obs=True)
+    train = make_train(config)
+    hp = config.hparams()
+    state = with_obs_stats(jax.jit(train.init)(jax.random.PRNGKey(0)))
+    shape = (config.num_steps, config.num_envs)
+    k = jax.random.split(jax.random.PRNGKey(1), 6)
+    terminated, truncated = random_episode_ends(k[0], shape)
+    data = Transition(obs=jax.random.normal(k[1], shape + (4,)) * 2.0 + 1.0,
+                      action=jax.random.randint(k[2], shape, 0, 2),
+                      reward=jax.random.normal(k[3], shape) + 1.0,
+                      terminated=terminated, truncated=truncated,
+                      next_obs=jax.random.normal(k[4], shape + (4,)) * 2.0 + 1.0,
+                      behaviour_log_prob=jnp.log(0.5) + 0.3 * jax.random.normal(k[5], shape))
+    key = jax.random.PRNGKey(2)
+    want = jax.jit(train.learn)(state, hp, data, key)
+    for d in (1, 2, 4):
+        run = data_parallel(lambda s, h, b, k: per_device(train.learn(s, h, b, k)),
+                            jax.devices()[:d], (P(), P(), P(None, DATA_AXIS), P()),
+                            P(DATA_AXIS))
+        assert_learned_the_same(d, state.params, run(state, hp, data, key), want)
 
 
 def check_update(algo):
@@ -105,7 +183,9 @@ def check_update(algo):
 if __name__ == "__main__":
     if sys.argv[1] == "learn":
         assert jax.device_count() == 4, jax.devices()
-        check_learn()
+        for algo in sys.argv[2:] or ("ppo", "a2c", "impala"):
+            {"ppo": check_learn_ppo, "a2c": check_learn_a2c, "impala": check_learn_impala}[algo]()
+            print(f"{algo} learn: same parameters on 1, 2, 4 devices", flush=True)
     elif sys.argv[1] == "update":
         for algo in sys.argv[2:] or ("ppo", "a2c", "impala"):
             check_update(algo)

@@ -88,8 +88,10 @@ def final_state(log_dir):
 
 
 # ------------------------------------------------------------------ one agent, data-parallel
-def test_ppo_learn_gives_the_same_parameters_on_1_2_4_devices():
-    result = run([sys.executable, PROBE, "learn"], 120)
+def test_ppo_a2c_impala_learn_gives_the_same_parameters_on_1_2_4_devices():
+    """One `learn` step of each algorithm from the same state on the same global batch: the
+    same parameters on 1, 2 and 4 devices as without a device axis (`scaling_probe.py`)."""
+    result = run([sys.executable, PROBE, "learn", "ppo", "a2c", "impala"], 180)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
 
 
