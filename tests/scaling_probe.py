@@ -4,6 +4,7 @@ Prints "ok" and exits 0 when every check passes.
 
     python tests/scaling_probe.py learn [ALGO...]    # learn: same params on 1, 2, 4 devices
     python tests/scaling_probe.py update [ALGO...]   # data-parallel updates on 2 devices
+    python tests/scaling_probe.py api                # distributed.spread_seeds, data_parallel
 """
 
 import os
@@ -180,12 +181,37 @@ def check_update(algo):
     print(f"{algo}: data-parallel parameters identical on 2 devices")
 
 
+def check_python_api():
+    """`distributed.spread_seeds` gives the runs of `jit(vmap(train))`, split over 2 devices;
+    `distributed.data_parallel` trains each run on 2 devices with the global layout."""
+    from algos.ppo import Config, make_train
+    from common import distributed
+
+    config = Config(**{**TINY, "total_timesteps": 1024})
+    train = make_train(config)
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    lrs = jnp.array([1e-3, 2e-3, 3e-3, 4e-3])
+    hps = jax.vmap(lambda lr: config.hparams()._replace(learning_rate=lr))(lrs)
+    want = jax.jit(jax.vmap(train))(keys, hps)
+    got = distributed.spread_seeds(train, jax.devices()[:2])(keys, hps)
+    assert len(got[0].params["params"]["Dense_0"]["kernel"].sharding.device_set) == 2
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+    state, metrics = distributed.data_parallel(train, jax.devices()[:2])(keys[:2])
+    assert state.env.obs.shape == (2, config.num_envs, 4)  # every environment, in order
+    assert metrics["value_loss"].shape == (2, config.num_updates)
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(state.params))
+    print("python api: spread_seeds equals vmap on 2 devices; data_parallel runs", flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "learn":
         assert jax.device_count() == 4, jax.devices()
         for algo in sys.argv[2:] or ("ppo", "a2c", "impala"):
             {"ppo": check_learn_ppo, "a2c": check_learn_a2c, "impala": check_learn_impala}[algo]()
             print(f"{algo} learn: same parameters on 1, 2, 4 devices", flush=True)
+    elif sys.argv[1] == "api":
+        check_python_api()
     elif sys.argv[1] == "update":
         for algo in sys.argv[2:] or ("ppo", "a2c", "impala"):
             check_update(algo)

@@ -100,6 +100,11 @@ def test_data_parallel_ppo_a2c_impala_keep_parameters_identical_on_every_device(
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
 
 
+def test_python_api_spread_seeds_and_data_parallel():
+    result = run([sys.executable, PROBE, "api"], 180)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
 # ------------------------------------------------------------------ the command line
 def test_cli_seeds_on_2_devices_equal_1_device_and_do_not_hang(cache, tmp_path):
     """4 seeds, 2 per device: the shard_map(vmap(init)) pattern that deadlocked jaxlib 0.10
