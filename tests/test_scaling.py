@@ -158,14 +158,16 @@ def test_two_processes_on_localhost(parallel, cache, tmp_path):
     assert record["update"] == 8
 
 
-def test_a_dead_peer_stops_the_other_process_within_a_bounded_time(tmp_path):
+@pytest.mark.parametrize("parallel", ["data", "seeds"])
+def test_a_dead_peer_stops_the_other_process_within_a_bounded_time(parallel, tmp_path):
     """Kill process 1 mid-training (SIGKILL: no goodbye); process 0 must stop by itself with
     a clear message, well within the heartbeat timeout plus a margin -- never hang."""
     timeout = 10
     address = f"127.0.0.1:{free_port()}"
     long_run = ["--env-id", "CartPole-v1", "--total-timesteps", "2560000", "--num-envs", "4",
                 "--num-steps", "32", "--update-epochs", "1", "--checkpoint-every", "4",
-                "--parallel", "data", "--coordinator-address", address, "--num-processes", "2",
+                "--parallel", parallel, "--num-seeds", "2" if parallel == "seeds" else "1",
+                "--coordinator-address", address, "--num-processes", "2",
                 "--distributed-timeout", str(timeout), "--log-dir", str(tmp_path)]
     command = [sys.executable, "-u", "algos/ppo.py", *long_run, "--process-id"]
     survivor = subprocess.Popen(hard_timeout(150) + command + ["0"], cwd=ROOT,
