@@ -50,6 +50,7 @@ from jax import lax
 
 from common import cli, distributed, logger, normalize
 from common.distributed import pmean
+from common.conv import Conv
 from common.envs import EnvSpec, make_env
 from common.gae import gae
 from common.init import orthogonal
@@ -247,7 +248,7 @@ class ActorCritic(nn.Module):
         act = nn.tanh if self.activation == "tanh" else nn.relu
         dense = lambda n, scale: nn.Dense(n, kernel_init=orthogonal(scale))  # noqa: E731
         if self.cnn:
-            x = nn.relu(nn.Conv(16, (3, 3), kernel_init=orthogonal(np.sqrt(2)))(obs))
+            x = nn.relu(Conv(16, (3, 3), kernel_init=orthogonal(np.sqrt(2)))(obs))
             x = nn.relu(dense(128, np.sqrt(2))(x.reshape(x.shape[:-3] + (-1,))))
             actor, critic = x, x
         else:

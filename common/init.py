@@ -12,7 +12,7 @@ left to run the chunks and the process stops at 0% CPU, forever -- even plain
 `jit(vmap(train))` on one device, and reliably under `pmap`/`shard_map`. Wrapping the
 initialiser in `jax.custom_batching.sequential_vmap` makes `vmap` run one unbatched QR per
 seed (a loop), which never takes that path. The numbers are identical; only the batching rule
-changes. `tests/test_init.py` holds a regression test that hangs (under a timeout) if the
+changes. `tests/test_common.py` holds a regression test that hangs (under a timeout) if the
 hazard comes back.
 """
 

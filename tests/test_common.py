@@ -142,3 +142,54 @@ def test_vmapped_network_init_under_pmap_does_not_deadlock():
     except subprocess.TimeoutExpired:
         pytest.fail("pmap(vmap(network.init)) hung: the batched-QR deadlock is back")
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
+
+
+# ------------------------------------------------------------------ the CNN's convolution
+def numpy_conv_same(x, kernel, bias):
+    """The definition, one output at a time: zero padding, stride 1, cross-correlation."""
+    kh, kw, _, features = kernel.shape
+    height, width = x.shape[-3:-1]
+    padded = np.pad(x, [(0, 0)] * (x.ndim - 3) + [(kh // 2,) * 2, (kw // 2,) * 2, (0, 0)])
+    out = np.zeros(x.shape[:-1] + (features,))
+    for i in range(height):
+        for j in range(width):
+            window = padded[..., i:i + kh, j:j + kw, :]
+            out[..., i, j, :] = np.einsum("...abc,abcf->...f", window, kernel) + bias
+    return out
+
+
+@pytest.mark.parametrize("kernel_size", [(3, 3), (1, 1), (5, 3)])
+def test_conv_same_matches_a_numpy_loop_and_flax(kernel_size):
+    from common.conv import Conv, conv_same
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 3, 6, 5, 4)).astype(np.float32)
+    kernel = rng.normal(size=(*kernel_size, 4, 7)).astype(np.float32)
+    bias = rng.normal(size=7).astype(np.float32)
+    np.testing.assert_allclose(jax.jit(conv_same)(x, kernel, bias),
+                               numpy_conv_same(x, kernel, bias), rtol=1e-5, atol=1e-5)
+    # the module: flax.linen.Conv's parameters (names, shapes, initial values) and outputs
+    import flax.linen as nn
+    ours, theirs = Conv(7, kernel_size, orthogonal(1.4)), nn.Conv(7, kernel_size,
+                                                                  kernel_init=orthogonal(1.4))
+    params = ours.init(jax.random.PRNGKey(1), x)
+    flax_params = theirs.init(jax.random.PRNGKey(1), x)
+    jax.tree.map(np.testing.assert_array_equal, params, flax_params)
+    np.testing.assert_allclose(ours.apply(params, x), theirs.apply(params, x), rtol=1e-5,
+                               atol=1e-5)
+    # under vmap over kernels (seeds): each the same as alone
+    kernels = np.stack([kernel, -kernel, 2 * kernel])
+    batched = jax.vmap(conv_same, in_axes=(None, 0, None))(x, kernels, bias)
+    for k, got in zip(kernels, batched):
+        np.testing.assert_allclose(got, numpy_conv_same(x, k, bias), rtol=1e-5, atol=1e-4)
+
+
+def test_conv_same_refuses_even_kernels_and_wrong_channels():
+    from common.conv import conv_same
+
+    x = np.zeros((10, 10, 4), np.float32)
+    with pytest.raises(ValueError, match="odd sizes"):
+        conv_same(x, np.zeros((2, 2, 4, 8), np.float32), np.zeros(8, np.float32))
+    with pytest.raises(ValueError, match="4 input channels"):
+        conv_same(np.zeros((10, 10, 3), np.float32), np.zeros((3, 3, 4, 8), np.float32),
+                  np.zeros(8, np.float32))
