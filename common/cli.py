@@ -377,6 +377,14 @@ def train_and_log(algo: str, config, train):
 
     progress = logger.Progress(f"{name} {config.env_id}", steps,
                                stream=None if writer else open(os.devnull, "w"))
+    # TensorBoard as training goes (process 0): one run per seed, each chunk written when it
+    # ends; a resumed run rewrites its saved updates over whatever the earlier process wrote.
+    boards = [logger.TensorBoardRun(config.log_dir, logger.run_name(
+        config.env_id, config.exp_name, config.seed + i, run_time), config, purge=first > 0)
+        for i in range(config.num_seeds)] if writer else []
+    for i, board in enumerate(boards):
+        if rows:
+            board.write({k: v[i] for k, v in rows[0].items()})
     start = time.perf_counter()
     progress.report(first * batch_size, [])
     with Interrupt() as interrupt, peers_alive():
@@ -405,6 +413,9 @@ def train_and_log(algo: str, config, train):
                 warnings.simplefilter("ignore", RuntimeWarning)  # a chunk may finish no episode
                 recent = np.nanmean(metrics["episodic_return"], axis=1)
             progress.report(end * batch_size, recent, final=end == num_updates)
+            sps = logger.sps_points(progress.timeline[-2:], config.num_seeds)
+            for i, board in enumerate(boards):
+                board.write({k: v[i] for k, v in metrics.items()}, sps)
             every = config.checkpoint_every
             stop = _from_process_0(interrupt.signal or 0)  # all processes stop together
             if end == num_updates or (every and end % every == 0) or stop:
@@ -420,15 +431,11 @@ def train_and_log(algo: str, config, train):
     if jax.process_count() > 1:
         same_everywhere(state.params, replicated=config.parallel == "data")
 
-    sps = logger.sps_points(progress.timeline, config.num_seeds)
-    paths = []
-    for i in range(config.num_seeds):
-        run = logger.run_name(config.env_id, config.exp_name, config.seed + i, run_time)
-        if writer:
-            paths.append(logger.write_tensorboard(
-                config.log_dir, run, config, {k: v[i] for k, v in metrics.items()}, sps))
-        else:
-            paths.append(os.path.join(config.log_dir, run))
+    for board in boards:
+        board.close()
+    paths = [os.path.join(config.log_dir, logger.run_name(
+        config.env_id, config.exp_name, config.seed + i, run_time))
+        for i in range(config.num_seeds)]
     final = logger.final_return(metrics["episodic_return"])
     more = f" (+{len(paths) - 1} more)" if len(paths) > 1 else ""
     trained = (num_updates - first) * batch_size * config.num_seeds

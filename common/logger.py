@@ -111,30 +111,47 @@ class Progress:
             self.report(step, returns, final=final)
 
 
-def write_tensorboard(log_dir: str, name: str, config, metrics: dict, sps_points=()):
-    """One TensorBoard run: the hyperparameter table, every metric per update, charts/SPS.
+class TensorBoardRun:
+    """One TensorBoard run, written as training goes: the hyperparameter table, then every
+    metric per update and charts/SPS, flushed after each `write`.
 
-    `metrics` maps names to 1-D arrays, one row per update, and must hold `global_step`.
-    `sps_points` are `(global_step, SPS)` pairs measured on the host.
+    `purge=True` (a resumed run): hide every event an earlier process wrote to this run
+    directory (tensorboardX's `purge_step`), so the caller rewrites the saved updates and no
+    step shows twice however far the interrupted process had logged.
     """
-    from tensorboardX import SummaryWriter
 
-    path = os.path.join(log_dir, name)
-    writer = SummaryWriter(path)
-    rows = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(config).items())
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows)
-    steps = np.asarray(metrics["global_step"])
-    for key, values in metrics.items():
-        if key == "global_step":
-            continue
-        values = np.asarray(values, np.float64)
-        for step, value in zip(steps, values):
-            if math.isfinite(value):
-                writer.add_scalar(tag(key), value, int(step))
-    for step, sps in sps_points:
-        writer.add_scalar("charts/SPS", sps, int(step))
-    writer.close()
-    return path
+    def __init__(self, log_dir: str, name: str, config, purge: bool = False):
+        from tensorboardX import SummaryWriter
+
+        self.path = os.path.join(log_dir, name)
+        self.writer = SummaryWriter(self.path, purge_step=0 if purge else None)
+        rows = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(config).items())
+        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows)
+
+    def write(self, metrics: dict, sps_points=()):
+        """`metrics` maps names to 1-D arrays, one row per update, and holds `global_step`;
+        `sps_points` are `(global_step, SPS)` pairs measured on the host."""
+        steps = np.asarray(metrics["global_step"])
+        for key, values in metrics.items():
+            if key == "global_step":
+                continue
+            for step, value in zip(steps, np.asarray(values, np.float64)):
+                if math.isfinite(value):
+                    self.writer.add_scalar(tag(key), value, int(step))
+        for step, sps in sps_points:
+            self.writer.add_scalar("charts/SPS", sps, int(step))
+        self.writer.flush()
+
+    def close(self):
+        self.writer.close()
+
+
+def write_tensorboard(log_dir: str, name: str, config, metrics: dict, sps_points=()):
+    """A whole TensorBoard run at once (see `TensorBoardRun`); returns its directory."""
+    run = TensorBoardRun(log_dir, name, config)
+    run.write(metrics, sps_points)
+    run.close()
+    return run.path
 
 
 def sps_points(timeline, seeds: int):

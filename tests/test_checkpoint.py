@@ -10,6 +10,7 @@ import glob
 import importlib
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -56,6 +57,28 @@ def restored(record):
     hparams = jax.vmap(lambda _: config.hparams())(keys)
     template = jax.eval_shape(jax.vmap(train.init), keys, hparams)
     return checkpoint.restore(template, record["train_state"])
+
+
+def tensorboard_files(run_dir):
+    """The events of each TensorBoard event file of `run_dir` (oldest file first), parsed
+    from the TFRecord framing: 8-byte length, 4-byte CRC, the Event, 4-byte CRC."""
+    from tensorboardX.proto import event_pb2
+
+    files = []
+    for path in sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*")),
+                       key=os.path.getmtime):
+        data, i, events = open(path, "rb").read(), 0, []
+        while i < len(data):
+            (n,) = struct.unpack("<Q", data[i:i + 8])
+            events.append(event_pb2.Event.FromString(data[i + 12:i + 12 + n]))
+            i += 12 + n + 4
+        files.append(events)
+    return files
+
+
+def returns_logged(events):
+    return [e.step for e in events for v in e.summary.value
+            if v.tag == "charts/episodic_return"]
 
 
 def assert_same_run(metrics, record, reference):
@@ -130,9 +153,24 @@ def test_interrupted_in_process_and_resumed_equals_uninterrupted(reference, tmp_
     assert checkpoint.load(path)["update"] == 80
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
 
+    # TensorBoard was written as training went: every update up to the interruption is there.
+    run_dir = os.path.dirname(path)
+    (before,) = tensorboard_files(run_dir)
+    logged = returns_logged(before)
+    assert logged == sorted(logged) and logged[-1] == 80 * 128, logged[-3:]  # batch 4 x 32
+
     monkeypatch.undo()
     metrics = main(["--resume", path])  # every other flag comes from the checkpoint
     assert_same_run(metrics, checkpoint.load(path), reference)
+    # The resumed run's file starts by purging what the first process wrote (a SessionLog
+    # START at step 0: TensorBoard hides older events from step 0 on), then logs every
+    # update once, the saved ones included.
+    _, after = tensorboard_files(run_dir)
+    start = [i for i, e in enumerate(after) if e.session_log.status == e.session_log.START]
+    assert start and after[start[0]].step == 0 and not returns_logged(after[:start[0]])
+    finished = np.isfinite(metrics["episodic_return"][0])
+    np.testing.assert_array_equal(returns_logged(after),
+                                  128 * (1 + np.flatnonzero(finished)))
 
 
 def test_sigkill_during_a_run_then_resume_completes_identically(reference, cache, tmp_path):
