@@ -82,4 +82,7 @@ VARIANTS = {
     # CPU grid uses PureJaxRL's MinAtar network instead -- 64x64 ReLU MLPs on the flattened
     # 10x10xC image -- at 1e6 steps, the budget at which the issue compares with PureJaxRL.
     "mlp1e6": dict(network="mlp", activation="relu", total_timesteps=1_000_000),
+    # The CNN (the default for image observations) at the same 1e6-step budget, to compare
+    # with the MLP and with PureJaxRL's MLP figures at that budget.
+    "cnn1e6": dict(network="cnn", total_timesteps=1_000_000),
 }

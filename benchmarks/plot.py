@@ -48,9 +48,14 @@ def main():
     cols = min(args.cols, len(panels))
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.3 * rows), squeeze=False)
-    colors = {}
+    order = ["CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCarContinuous-v0"]
+    panels = dict(sorted(panels.items(), key=lambda kv: (kv[0] not in order,
+                                                         order.index(kv[0]) if kv[0] in order
+                                                         else kv[0])))
+    colors = {"ppo": "C0", "a2c": "C1", "impala": "C2"}  # one colour per algorithm
     for ax, (env_id, records) in zip(axes.flat, panels.items()):
-        for path, record in records:
+        styles = {}
+        for path, record in sorted(records):
             x = np.asarray(record["global_step"])
             returns = np.asarray(record["episodic_return"], float)
             curves = smooth(returns, max(1, len(x) // 50))
@@ -59,9 +64,16 @@ def main():
             name = os.path.basename(path)[:-5].split("__")
             label = name[0].upper() + (f" {name[2]}" if len(name) > 2 else "") \
                 + (" (GPU)" if os.sep + "gpu" + os.sep in path else "")
-            color = colors.setdefault(label, f"C{len(colors) % 10}")  # the same on every panel
-            ax.plot(x, mean, lw=1.5, color=color, label=f"{label}, {len(curves)} seeds")
-            ax.fill_between(x, mean - band, mean + band, color=color, alpha=0.25)
+            # variants of one algorithm on one panel: the same colour, another line style
+            dashes = ["-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1))]
+            style = dashes[(styles.setdefault(name[0], -1) + 1) % len(dashes)]
+            styles[name[0]] += 1
+            ok = np.isfinite(mean)  # skip windows in which no seed finished an episode
+            color = colors.get(name[0], "C3")
+            ax.plot(x[ok], mean[ok], linestyle=style, lw=1.5, color=color,
+                    label=f"{label}, {len(curves)} seeds")
+            ax.fill_between(x[ok], (mean - band)[ok], (mean + band)[ok], color=color,
+                            alpha=0.2)
         ax.set_title(env_id, fontsize=10)
         ax.set_xlabel("environment steps")
         ax.set_ylabel("episodic return")

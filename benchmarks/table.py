@@ -1,6 +1,7 @@
 """The README's learning table, printed from the committed raw results.
 
     python benchmarks/table.py                 # every result in benchmarks/results{,/gpu}
+    python benchmarks/table.py --speed         # the speed tables, from speed*__*.json
 
 One row per results file written by `benchmarks/learning.py`: the final return (mean over the
 last 10% of updates) as mean +- std over seeds and the worst seed, recomputed from the saved
@@ -97,13 +98,57 @@ def describe(path):
                 where="GPU" if os.sep + "gpu" + os.sep in path else "CPU",
                 network="CNN" if cnn else "MLP", steps=record["global_step"][-1],
                 seeds=len(final), mean=final.mean(), std=final.std(), worst=final.min(),
-                path=os.path.relpath(path, ROOT))
+                command=command(record["command"]))
+
+
+def command(recorded: str) -> str:
+    """The recorded command line, without its output directory."""
+    words = recorded.split()
+    if "--out-dir" in words:
+        i = words.index("--out-dir")
+        words = words[:i] + words[i + 2:]
+    return " ".join(["python"] + words)
+
+
+def speed_tables(files):
+    """Markdown tables of `benchmarks/speed.py` results: one for seed sweeps, one for
+    num_envs sweeps (a column per num_envs)."""
+    seeds_rows, env_rows = [], {}
+    for path in files:
+        record = json.load(open(path))
+        name = os.path.basename(path)[:-len(".json")].split("__")
+        if not name[0].startswith("speed") or "rows" not in record:
+            continue
+        algo, env_id = name[1], name[2]
+        network = "MLP" if len(name) > 3 or not env_id.endswith("MinAtar") else "CNN"
+        label = f"{'IMPALA' if algo == 'impala' else algo.upper()} | {env_id} | {network}"
+        if record.get("sweep") == "num_envs":
+            env_rows[label] = {r["num_envs"]: r["sps"] for r in record["rows"]}
+        else:
+            seeds_rows += [(label, r) for r in record["rows"]]
+    print("| algorithm | environment | network | seeds | steps per seed | compile (s) | "
+          "SPS, all seeds | SPS per seed | peak RSS (MiB) |\n|---|---|---|---|---|---|---|---|---|")
+    for label, r in seeds_rows:
+        print(f"| {label} | {r['seeds']} | {r['steps'] // r['seeds']:,} | {r['compile_s']:.1f} | "
+              f"{r['sps'] / 1e3:,.0f}k | {r['sps'] / r['seeds'] / 1e3:,.1f}k | "
+              f"{r['peak_rss_mib']:,.0f} |")
+    sizes = sorted({n for row in env_rows.values() for n in row})
+    if sizes:
+        print("\n| algorithm | environment | network | " + " | ".join(
+            f"{n} envs" for n in sizes) + " |\n|---|---|---|" + "---|" * len(sizes))
+        for label, row in env_rows.items():
+            print(f"| {label} | " + " | ".join(
+                f"{row[n] / 1e3:,.0f}k" if n in row else "" for n in sizes) + " |")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("files", nargs="*")
+    parser.add_argument("--speed", action="store_true", help="print the speed tables")
     args = parser.parse_args()
+    if args.speed:
+        return speed_tables(args.files or sorted(glob.glob(
+            os.path.join(ROOT, "benchmarks", "results", "speed*__*.json"))))
     files = args.files or sorted(glob.glob(os.path.join(ROOT, "benchmarks", "results", "*.json"))
                                  + glob.glob(os.path.join(ROOT, "benchmarks", "results", "gpu",
                                                           "*.json")))
@@ -112,13 +157,13 @@ def main():
                              r["tag"]))
     random = {env_id: random_return(env_id) for env_id in {r["env_id"] for r in rows}}
     print("| algorithm | environment | network, machine, variant | steps | seeds | "
-          "random policy | final return, mean ± std | worst seed | raw results |")
+          "random policy | final return, mean ± std | worst seed | command |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         what = ", ".join(x for x in (r["network"], r["where"], r["tag"]) if x)
         print(f"| {r['algo'].upper() if r['algo'] != 'impala' else 'IMPALA'} | {r['env_id']} | "
               f"{what} | {r['steps']:.1e} | {r['seeds']} | {random[r['env_id']]:.1f} | {r['mean']:.1f} ± {r['std']:.1f} | "
-              f"{r['worst']:.1f} | `{r['path']}` |".replace("e+0", "e"))
+              f"{r['worst']:.1f} | `{r['command']}` |".replace("e+0", "e"))
     print("\n| environment | published | figure | source |\n|---|---|---|---|")
     for env_id in ENVS:
         for who, figure, source in REFERENCES.get(env_id, []):

@@ -69,7 +69,7 @@ def main():
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--total-timesteps", type=int, default=500_000)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", default="benchmarks/out/vs_purejaxrl.json")
+    parser.add_argument("--out", default="benchmarks/results/vs_purejaxrl.json")
     args = parser.parse_args()
 
     config = Config(total_timesteps=args.total_timesteps)
