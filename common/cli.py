@@ -379,11 +379,12 @@ def train_and_log(algo: str, config, train):
                                stream=None if writer else open(os.devnull, "w"))
     # TensorBoard as training goes (process 0): one run per seed, each chunk written when it
     # ends; a resumed run rewrites its saved updates over whatever the earlier process wrote.
-    boards = [logger.TensorBoardRun(config.log_dir, logger.run_name(
-        config.env_id, config.exp_name, config.seed + i, run_time), config, purge=first > 0)
-        for i in range(config.num_seeds)] if writer else []
-    for i, board in enumerate(boards):
-        if rows:
+    runs = [logger.run_name(config.env_id, config.exp_name, config.seed + i, run_time)
+            for i in range(config.num_seeds)]
+    boards = [logger.TensorBoardRun(config.log_dir, run, config, purge=first > 0)
+              for run in runs] if writer else []
+    if rows:  # resumed: the saved updates first
+        for i, board in enumerate(boards):
             board.write({k: v[i] for k, v in rows[0].items()})
     start = time.perf_counter()
     progress.report(first * batch_size, [])
@@ -433,9 +434,7 @@ def train_and_log(algo: str, config, train):
 
     for board in boards:
         board.close()
-    paths = [os.path.join(config.log_dir, logger.run_name(
-        config.env_id, config.exp_name, config.seed + i, run_time))
-        for i in range(config.num_seeds)]
+    paths = [os.path.join(config.log_dir, run) for run in runs]
     final = logger.final_return(metrics["episodic_return"])
     more = f" (+{len(paths) - 1} more)" if len(paths) > 1 else ""
     trained = (num_updates - first) * batch_size * config.num_seeds

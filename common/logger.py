@@ -146,14 +146,6 @@ class TensorBoardRun:
         self.writer.close()
 
 
-def write_tensorboard(log_dir: str, name: str, config, metrics: dict, sps_points=()):
-    """A whole TensorBoard run at once (see `TensorBoardRun`); returns its directory."""
-    run = TensorBoardRun(log_dir, name, config)
-    run.write(metrics, sps_points)
-    run.close()
-    return run.path
-
-
 def sps_points(timeline, seeds: int):
     """`(global_step, SPS)` between consecutive progress reports, counting all vmapped seeds."""
     return [(s1, seeds * (s1 - s0) / (t1 - t0))
