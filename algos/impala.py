@@ -49,8 +49,8 @@ import tyro
 from jax import lax
 
 from common import cli, distributed, logger, normalize
-from common.distributed import pmean
 from common.conv import Conv
+from common.distributed import pmean
 from common.envs import EnvSpec, make_env
 from common.init import orthogonal
 from common.rollout import EnvState, finished_episode_stats, reset, rollout

@@ -38,8 +38,8 @@ import tyro
 from jax import lax
 
 from common import cli, distributed, logger, normalize
-from common.distributed import pmean
 from common.conv import Conv
+from common.distributed import pmean
 from common.envs import EnvSpec, make_env
 from common.gae import gae
 from common.init import orthogonal
