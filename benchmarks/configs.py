@@ -86,3 +86,10 @@ VARIANTS = {
     # with the MLP and with PureJaxRL's MLP figures at that budget.
     "cnn1e6": dict(network="cnn", total_timesteps=1_000_000),
 }
+
+
+def settings(algo: str, env_id: str, variant: str = "") -> dict:
+    """The `Config` overrides of one grid cell: its `CONFIGS` entry, then the variant's."""
+    if variant and variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}.")
+    return {**CONFIGS.get((algo, env_id), {}), **VARIANTS.get(variant, {})}

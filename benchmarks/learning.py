@@ -24,17 +24,17 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from benchmarks.configs import CONFIGS, VARIANTS  # noqa: E402
+from benchmarks.configs import VARIANTS, settings  # noqa: E402
 from common.logger import final_return, seed_keys  # noqa: E402
 
 
 def run_cell(algo: str, env_id: str, seeds: int, total_timesteps=None, seed: int = 1,
              variant: str = "", **overrides):
     module = importlib.import_module(f"algos.{algo}")
-    settings = {**CONFIGS.get((algo, env_id), {}), **VARIANTS.get(variant, {}), **overrides}
+    cell = {**settings(algo, env_id, variant), **overrides}
     if total_timesteps is not None:
-        settings["total_timesteps"] = total_timesteps
-    config = module.Config(env_id=env_id, seed=seed, num_seeds=seeds, **settings)
+        cell["total_timesteps"] = total_timesteps
+    config = module.Config(env_id=env_id, seed=seed, num_seeds=seeds, **cell)
     keys = seed_keys(seed, seeds)
     start = time.perf_counter()
     train = jax.jit(jax.vmap(module.make_train(config))).lower(keys).compile()

@@ -31,11 +31,11 @@ def measure(algo, env_id, seeds, repeats, total_timesteps, num_envs, updates, va
     import jax
 
     sys.path.insert(0, ROOT)
-    from benchmarks.configs import CONFIGS, VARIANTS
+    from benchmarks.configs import settings as cell_settings
     from common.logger import seed_keys
 
     module = importlib.import_module(f"algos.{algo}")
-    settings = {**CONFIGS.get((algo, env_id), {}), **VARIANTS.get(variant, {})}
+    settings = cell_settings(algo, env_id, variant)
     if num_envs:
         settings["num_envs"] = num_envs
     if total_timesteps:
@@ -97,7 +97,10 @@ def main():
     parser.add_argument("--total-timesteps", type=int, default=None)
     parser.add_argument("--updates", type=int, default=None,
                         help="run this many updates of each row's batch size instead")
-    parser.add_argument("--variant", default="", help="a named VARIANTS entry of configs.py")
+    sys.path.insert(0, ROOT)
+    from benchmarks.configs import VARIANTS
+    parser.add_argument("--variant", default="", choices=["", *VARIANTS],
+                        help="a named VARIANTS entry of configs.py")
     parser.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results"))
     parser.add_argument("--plot", metavar="PNG", help="only draw --from files to this PNG")
     parser.add_argument("--from", dest="files", nargs="*", default=[])
