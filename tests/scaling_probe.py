@@ -67,6 +67,18 @@ def random_episode_ends(key, shape):
     return terminated, jnp.logical_and(jax.random.bernoulli(k2, 0.05, shape), ~terminated)
 
 
+def random_steps(key, shape):
+    """The fields a time-major CartPole batch of `shape` [T, num_envs] shares between A2C's
+    `Trajectory` and IMPALA's `Transition`: obs, action, reward, episode ends, next_obs."""
+    k = jax.random.split(key, 5)
+    terminated, truncated = random_episode_ends(k[0], shape)
+    return dict(obs=jax.random.normal(k[1], shape + (4,)) * 2.0 + 1.0,
+                action=jax.random.randint(k[2], shape, 0, 2),
+                reward=jax.random.normal(k[3], shape) + 1.0,
+                terminated=terminated, truncated=truncated,
+                next_obs=jax.random.normal(k[4], shape + (4,)) * 2.0 + 1.0)
+
+
 def check_learn_ppo():
     """One PPO `learn` (2 epochs x 2 minibatches, advantage normalisation, observation
     normalisation, KL early stop) from the same state on the same global batch: the same
@@ -109,15 +121,8 @@ def check_learn_a2c():
     hp = config.hparams()
     state = with_obs_stats(jax.jit(train.init)(jax.random.PRNGKey(0)))
     shape = (config.num_steps, config.num_envs)
-    k = jax.random.split(jax.random.PRNGKey(1), 5)
-    terminated, truncated = random_episode_ends(k[0], shape)
-    traj = Trajectory(obs=jax.random.normal(k[1], shape + (4,)) * 2.0 + 1.0,
-                      action=jax.random.randint(k[2], shape, 0, 2),
-                      reward=jax.random.normal(k[3], shape) + 1.0,
-                      terminated=terminated, truncated=truncated,
-                      next_obs=jax.random.normal(k[4], shape + (4,)) * 2.0 + 1.0,
-                      policy_info=None, episode_return=jnp.zeros(shape),
-                      episode_length=jnp.zeros(shape, jnp.int32))
+    traj = Trajectory(**random_steps(jax.random.PRNGKey(1), shape), policy_info=None,
+                      episode_return=jnp.zeros(shape), episode_length=jnp.zeros(shape, jnp.int32))
     want = jax.jit(train.learn)(state, hp, traj)
     for d in (1, 2, 4):
         run = data_parallel(lambda s, h, t: per_device(train.learn(s, h, t)),
@@ -137,14 +142,8 @@ def check_learn_impala():
     hp = config.hparams()
     state = with_obs_stats(jax.jit(train.init)(jax.random.PRNGKey(0)))
     shape = (config.num_steps, config.num_envs)
-    k = jax.random.split(jax.random.PRNGKey(1), 6)
-    terminated, truncated = random_episode_ends(k[0], shape)
-    data = Transition(obs=jax.random.normal(k[1], shape + (4,)) * 2.0 + 1.0,
-                      action=jax.random.randint(k[2], shape, 0, 2),
-                      reward=jax.random.normal(k[3], shape) + 1.0,
-                      terminated=terminated, truncated=truncated,
-                      next_obs=jax.random.normal(k[4], shape + (4,)) * 2.0 + 1.0,
-                      behaviour_log_prob=jnp.log(0.5) + 0.3 * jax.random.normal(k[5], shape))
+    data = Transition(**random_steps(jax.random.PRNGKey(1), shape), behaviour_log_prob=jnp.log(
+        0.5) + 0.3 * jax.random.normal(jax.random.PRNGKey(3), shape))
     key = jax.random.PRNGKey(2)
     want = jax.jit(train.learn)(state, hp, data, key)
     for d in (1, 2, 4):
