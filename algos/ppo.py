@@ -39,10 +39,12 @@ from jax import lax
 
 from common import cli, distributed, logger, normalize
 from common.conv import Conv
+from common.dense import Dense
 from common.distributed import pmean
 from common.envs import EnvSpec, make_env
 from common.gae import gae
 from common.init import orthogonal
+from common.minibatch import shuffled_minibatches
 from common.rollout import EnvState, finished_episode_stats, reset, rollout
 
 
@@ -235,7 +237,7 @@ class ActorCritic(nn.Module):
     @nn.compact
     def __call__(self, obs):
         act = nn.tanh if self.activation == "tanh" else nn.relu
-        dense = lambda n, scale: nn.Dense(n, kernel_init=orthogonal(scale))  # noqa: E731
+        dense = lambda n, scale: Dense(n, kernel_init=orthogonal(scale))  # noqa: E731
         if self.cnn:
             x = nn.relu(Conv(16, (3, 3), kernel_init=orthogonal(np.sqrt(2)))(obs))
             x = nn.relu(dense(128, np.sqrt(2))(x.reshape(x.shape[:-3] + (-1,))))
@@ -313,10 +315,10 @@ def make_train(config: Config):
     def make_optimizer(hp: HParams):
         # Counts optimiser steps; one update makes update_epochs * num_minibatches of them.
         steps_per_update = config.update_epochs * config.num_minibatches
-        return optax.chain(
+        return optax.flatten(optax.chain(
             optax.clip_by_global_norm(hp.max_grad_norm),
             optax.adam(lambda count: learning_rate(hp, count // steps_per_update), eps=1e-5),
-        )
+        ))
 
     def loss_fn(params, hp: HParams, obs_stats, batch: Transition):
         obs = normalize.normalize(obs_stats, batch.obs) if config.normalize_obs else batch.obs
@@ -388,9 +390,7 @@ def make_train(config: Config):
                 updates, opt_state = optimizer.update(grads, opt_state, params)
                 return (optax.apply_updates(params, updates), opt_state), info
 
-            order = jax.random.permutation(key, batch_size)
-            batches = jax.tree.map(
-                lambda x: x[order].reshape((config.num_minibatches, -1) + x.shape[1:]), data)
+            batches = shuffled_minibatches(key, data, config.num_minibatches)
             (new_params, new_opt_state), info = lax.scan(minibatch, (params, opt_state), batches)
             if config.target_kl is None:
                 return (new_params, new_opt_state, stopped), (info, jnp.float32(1))
