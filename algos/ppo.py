@@ -16,6 +16,11 @@ al. (2022), "The 37 Implementation Details of PPO" (ICLR blog track), and matchi
   a terminal state (Pardo et al. 2018, arXiv:1712.00378) -- see `common/gae.py`;
 - optional early stop of an update's epochs when the approximate KL exceeds `target_kl`.
 
+Three pieces are there only for speed on CPU and change no equation: `Dense`
+(`common/dense.py`, `nn.Dense` with a weight gradient XLA:CPU runs on its fast kernels), the
+optimiser wrapped in `optax.flatten` (one vector instead of a dozen leaves), and
+`shuffled_minibatches` (`common/minibatch.py`, a faster sort for the same kind of permutation).
+
 Use it from the command line, `python algos/ppo.py --env-id CartPole-v1 --num-seeds 4` (on
 every core: `--num-devices`, `--parallel seeds|data`, `--coordinator-address`; README, "Scaling
 out"), or from Python:
