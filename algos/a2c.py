@@ -54,6 +54,7 @@ from common.distributed import pmean
 from common.envs import EnvSpec, make_env
 from common.gae import gae
 from common.init import orthogonal
+from common.prng import unroll_threefry_on_cpu
 from common.rollout import EnvState, Trajectory, finished_episode_stats, reset, rollout
 
 
@@ -330,6 +331,7 @@ def make_train(config: Config):
 
     `metrics` maps names to arrays with one row per update (leading axis `num_updates`).
     """
+    unroll_threefry_on_cpu()  # speed only, the same random bits: common/prng.py
     env, env_params, spec = make_env(config.env_id)
     cnn = config.network == "cnn" or (config.network == "auto" and spec.image_obs)
     network = ActorCritic(spec, config.hidden_size, config.activation, cnn)

@@ -53,6 +53,7 @@ from common.conv import Conv
 from common.distributed import pmean
 from common.envs import EnvSpec, make_env
 from common.init import orthogonal
+from common.prng import unroll_threefry_on_cpu
 from common.rollout import EnvState, finished_episode_stats, reset, rollout
 from common.vtrace import vtrace
 
@@ -339,6 +340,7 @@ def make_train(config: Config):
 
     `metrics` maps names to arrays with one row per update (leading axis `num_updates`).
     """
+    unroll_threefry_on_cpu()  # speed only, the same random bits: common/prng.py
     env, env_params, spec = make_env(config.env_id)
     cnn = config.network == "cnn" or (config.network == "auto" and spec.image_obs)
     network = ActorCritic(spec, config.hidden_size, config.activation, cnn)

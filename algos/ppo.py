@@ -16,10 +16,11 @@ al. (2022), "The 37 Implementation Details of PPO" (ICLR blog track), and matchi
   a terminal state (Pardo et al. 2018, arXiv:1712.00378) -- see `common/gae.py`;
 - optional early stop of an update's epochs when the approximate KL exceeds `target_kl`.
 
-Three pieces are there only for speed on CPU and change no equation: `Dense`
+Four pieces are there only for speed on CPU and change no equation: `Dense`
 (`common/dense.py`, `nn.Dense` with a weight gradient XLA:CPU runs on its fast kernels), the
-optimiser wrapped in `optax.flatten` (one vector instead of a dozen leaves), and
-`shuffled_minibatches` (`common/minibatch.py`, a faster sort for the same kind of permutation).
+optimiser wrapped in `optax.flatten` (one vector instead of a dozen leaves),
+`shuffled_minibatches` (`common/minibatch.py`, a faster sort for the same kind of permutation)
+and `unroll_threefry_on_cpu` (`common/prng.py`, the same random bits without a loop).
 
 Use it from the command line, `python algos/ppo.py --env-id CartPole-v1 --num-seeds 4` (on
 every core: `--num-devices`, `--parallel seeds|data`, `--coordinator-address`; README, "Scaling
@@ -50,6 +51,7 @@ from common.envs import EnvSpec, make_env
 from common.gae import gae
 from common.init import orthogonal
 from common.minibatch import shuffled_minibatches
+from common.prng import unroll_threefry_on_cpu
 from common.rollout import EnvState, finished_episode_stats, reset, rollout
 
 
@@ -304,6 +306,7 @@ def make_train(config: Config):
 
     `metrics` maps names to arrays with one row per update (leading axis `num_updates`).
     """
+    unroll_threefry_on_cpu()  # speed only, the same random bits: common/prng.py
     env, env_params, spec = make_env(config.env_id)
     cnn = config.network == "cnn" or (config.network == "auto" and spec.image_obs)
     network = ActorCritic(spec, config.hidden_size, config.activation, cnn)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One prepared pass of the benchmarks on a GPU machine (used with the project's lent H200).
+# One prepared pass of the benchmarks on a GPU machine (used with the project's lent H200),
+# sized for a 15-minute device budget: the CNN rows of the learning table and the PPO speed rows.
 # Everything it prints is also saved, with the raw JSON results, in $OUT (or ./gpu_out).
-#   bash benchmarks/gpu_suite.sh
+#   SOURCE_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_suite.sh   # commit of the copied tree
 # Each step has its own time limit so one slow step cannot eat the others' time.
 set -u
 OUT=${OUT:-gpu_out}
@@ -11,16 +12,17 @@ log() { echo "=== $*" | tee -a "$OUT/log.txt"; }
 step() {  # step SECONDS command...
   local limit=$1; shift
   log "$*"
-  timeout -k 5 "$limit" "$@" 2>&1 | grep -v -E "WARNING|warn\(" | tee -a "$OUT/log.txt"
+  timeout -k 5 "$limit" "$@" 2>&1 | grep -v -E "WARNING|warn\(|cuda_timer" | tee -a "$OUT/log.txt"
 }
+L="python3 benchmarks/learning.py --seeds 8 --total-timesteps 5000000 --out-dir $OUT/results"
 step 30 nvidia-smi -L
 step 60 python3 -c "import jax, flax, optax, distrax, gymnax; print('jax', jax.__version__, jax.devices())"
 # MinAtar learning with the CNN: 8 seeds x 5e6 steps (settings in benchmarks/configs.py).
-step 150 python3 benchmarks/learning.py --algo ppo --env-id Breakout-MinAtar --seeds 8 --total-timesteps 5000000 --out-dir "$OUT/results"
-step 120 python3 benchmarks/learning.py --algo impala --env-id Breakout-MinAtar --seeds 8 --total-timesteps 5000000 --out-dir "$OUT/results"
-step 150 python3 benchmarks/learning.py --algo ppo --env-id SpaceInvaders-MinAtar --seeds 8 --total-timesteps 5000000 --out-dir "$OUT/results"
-# Speed: SPS and compile time as vmapped seeds grow.
-step 90 python3 benchmarks/speed.py --algo ppo --env-id CartPole-v1 --seeds 1 8 32 128 --repeats 2
-cp benchmarks/results/speed__*.json "$OUT/results/" 2>/dev/null
-tar -czf "$OUT/results.tgz" -C "$OUT" results && rm -rf "$OUT/results"
+step 90 $L --algo ppo --env-id Breakout-MinAtar
+step 90 $L --algo ppo --env-id SpaceInvaders-MinAtar
+step 60 $L --algo a2c --env-id Breakout-MinAtar --set num_envs=64
+step 60 $L --algo impala --env-id Breakout-MinAtar
+step 70 $L --algo impala --env-id Breakout-MinAtar --tag adam3e-4mb4 --set optimizer=adam learning_rate=3e-4 num_minibatches=4 update_epochs=2
+# Speed: SPS, compile time and memory as vmapped seeds grow.
+step 120 python3 benchmarks/speed.py --algo ppo --env-id CartPole-v1 --seeds 1 8 32 128 --repeats 2 --out-dir "$OUT/results"
 log done

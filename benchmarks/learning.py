@@ -82,8 +82,10 @@ def main():
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                                 capture_output=True, text=True).stdout.strip()
-    except OSError:  # no git where it runs (e.g. a copied tree on a GPU machine)
-        commit = "unknown"
+    except OSError:
+        commit = ""
+    # A copied tree without git (a GPU machine) is told its commit in SOURCE_COMMIT.
+    commit = commit or os.environ.get("SOURCE_COMMIT", "unknown")
     record = {
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
         "commit": commit,

@@ -8,6 +8,10 @@ first, then timed in alternation (ours, theirs, ours, ...) so that machine noise
 alike. Prints compile time, median SPS of each and the ratio of the medians, plus the final
 returns so that speed is not bought with learning. Saves the raw timings as JSON.
 
+PureJaxRL runs as shipped (JAX's default lowerings), and once more compiled with the Threefry
+lowering our `make_train` selects on CPU (`common/prng.py`), so the output also shows how much
+of the ratio that one switch is.
+
 PureJaxRL targets the gymnax 0.0.x step API (`done` in one flag); a small adapter below gives it
 that view of gymnax 1.0 (`done = terminated or truncated`, PureJaxRL's own semantics), and
 stub modules stand in for the optional `brax`/`navix` imports of its `wrappers.py`, which the
@@ -30,6 +34,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from algos.ppo import Config, make_train  # noqa: E402
 from common.logger import final_return  # noqa: E402
+from common.prng import unroll_threefry_on_cpu  # noqa: E402
 
 
 class OldStepApi:
@@ -84,15 +89,21 @@ def main():
         "ENV_NAME": config.env_id, "ANNEAL_LR": config.anneal_lr, "DEBUG": False,
     }
     keys = jax.random.split(jax.random.PRNGKey(0), args.seeds)
+    # Our make_train lowers Threefry without its CPU loop (common/prng.py, the same bits), for
+    # every program compiled after it in this process; PureJaxRL as shipped uses JAX's default.
+    # "purejaxrl+unrolled" is PureJaxRL compiled with our lowering, to show what that part buys.
     runners = {
-        "ours": make_train(config),
-        "purejaxrl": reference.make_train(ref_config),
+        "ours": (make_train(config), True),
+        "purejaxrl": (reference.make_train(ref_config), False),
+        "purejaxrl+unrolled": (reference.make_train(ref_config), True),
     }
     compiled, compile_s = {}, {}
-    for name, train in runners.items():
+    for name, (train, unrolled) in runners.items():
+        unroll_threefry_on_cpu(unrolled)
         start = time.perf_counter()
         compiled[name] = jax.jit(jax.vmap(train)).lower(keys).compile()
         compile_s[name] = time.perf_counter() - start
+    unroll_threefry_on_cpu(True)
 
     steps = config.num_updates * config.batch_size * args.seeds
     sps = {name: [] for name in runners}
@@ -116,6 +127,8 @@ def main():
               f"over {args.repeats} runs | final return mean {np.mean(returns[name]):.1f}")
     print(f"speed ratio ours / purejaxrl (medians): {median['ours'] / median['purejaxrl']:.2f}x; "
           f"compile ratio: {compile_s['ours'] / compile_s['purejaxrl']:.2f}x")
+    print(f"speed ratio ours / purejaxrl+unrolled (medians): "
+          f"{median['ours'] / median['purejaxrl+unrolled']:.2f}x")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     with open(args.out, "w") as f:

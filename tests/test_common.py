@@ -264,3 +264,35 @@ def test_shuffled_minibatches_cover_the_batch_once():
     np.testing.assert_array_equal(mb["x"][..., 0], 2.0 * mb["i"])  # rows stay together
     with pytest.raises(ValueError, match="does not divide into 5 minibatches"):
         shuffled_minibatches(jax.random.PRNGKey(0), batch, 5)
+
+
+# ------------------------------------------------------------------ Threefry without its loop
+def test_unrolled_threefry_gives_the_same_bits_without_a_loop():
+    """The CPU lowering `make_train` selects (common/prng.py) draws bit for bit the same keys,
+    uniforms, normals and categorical samples as JAX's looped default, and its program has no
+    while loop; `make_train` selects it."""
+    from algos.ppo import Config, make_train
+    from common.prng import unroll_threefry_on_cpu
+
+    def draws(key):
+        k1, k2 = jax.random.split(key)
+        logits = jnp.log(jnp.array([[0.2, 0.3, 0.5]] * 6))
+        return (jax.random.key_data(jax.random.split(key, 7)), jax.random.bits(k1, (9,)),
+                jax.random.uniform(k2, (5, 3)), jax.random.normal(k1, (4,)),
+                jax.random.categorical(k2, logits))
+
+    def compiled(key):  # a fresh function each time, so it is lowered again
+        fn = jax.jit(lambda k: draws(k))
+        return fn(key), fn.lower(key).as_text()
+
+    key = jax.random.PRNGKey(3)
+    try:
+        assert unroll_threefry_on_cpu(False)
+        looped, looped_text = compiled(key)
+        make_train(Config(total_timesteps=2048))
+        unrolled, unrolled_text = compiled(key)
+    finally:
+        unroll_threefry_on_cpu(True)
+    assert "while" in looped_text and "while" not in unrolled_text
+    for a, b in zip(looped, unrolled):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
