@@ -79,13 +79,14 @@ def main():
           f"train {train_s:.1f}s, {steps * args.seeds / train_s:,.0f} SPS (all seeds)")
     print("per seed:", " ".join(f"{x:.1f}" for x in final))
 
+    # A tree copied to another machine (a GPU) is told its commit in SOURCE_COMMIT: the copy's
+    # own git metadata, if any, need not match it.
+    commit = os.environ.get("SOURCE_COMMIT", "")
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                capture_output=True, text=True).stdout.strip()
+        commit = commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                          capture_output=True, text=True).stdout.strip()
     except OSError:
-        commit = ""
-    # A copied tree without git (a GPU machine) is told its commit in SOURCE_COMMIT.
-    commit = commit or os.environ.get("SOURCE_COMMIT", "unknown")
+        commit = "unknown"
     record = {
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
         "commit": commit,
