@@ -5,7 +5,12 @@ and the step budget. Anything not listed is the algorithm file's default.
 
 `VARIANTS` are named sets of overrides applied on top (`benchmarks/learning.py --variant
 NAME`, results saved as `{algo}__{env_id}__{NAME}.json`).
+
+`source_commit()` is the commit every saved result records.
 """
+
+import os
+import subprocess
 
 # Settings shared by the three algorithms on the four MinAtar games.
 MINATAR = ("Breakout-MinAtar", "SpaceInvaders-MinAtar", "Asterix-MinAtar", "Freeway-MinAtar")
@@ -93,3 +98,17 @@ def settings(algo: str, env_id: str, variant: str = "") -> dict:
     if variant and variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}.")
     return {**CONFIGS.get((algo, env_id), {}), **VARIANTS.get(variant, {})}
+
+
+def source_commit() -> str:
+    """The commit a result is measured on, for its JSON record: `SOURCE_COMMIT` when set (a
+    tree copied to another machine, such as a GPU, whose own git metadata need not match),
+    else this checkout's `git rev-parse --short HEAD`, else "unknown"."""
+    if os.environ.get("SOURCE_COMMIT"):
+        return os.environ["SOURCE_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, cwd=os.path.dirname(os.path.abspath(__file__))
+                              ).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"

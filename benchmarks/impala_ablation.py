@@ -8,13 +8,13 @@ import argparse
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from benchmarks.configs import source_commit  # noqa: E402
 from benchmarks.plot import smooth  # noqa: E402
 
 
@@ -45,10 +45,8 @@ def run(args):
                   f"{cell['auc']:6.1f} | clipped rho {cell['mean_clipped_rho']:.3f} clip frac "
                   f"{cell['rho_clip_fraction']:.3f} kl {cell['approx_kl']:.1e} | {train_s:.0f}s",
                   flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
     with open(os.path.join(args.out, "impala_ablation.json"), "w") as f:
-        json.dump(dict(command=" ".join(sys.argv), commit=commit, cells=cells), f)
+        json.dump(dict(command=" ".join(sys.argv), commit=source_commit(), cells=cells), f)
 
 
 def table(cells):

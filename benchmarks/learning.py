@@ -14,7 +14,6 @@ import dataclasses
 import importlib
 import json
 import os
-import subprocess
 import sys
 import time
 from importlib import metadata
@@ -24,7 +23,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from benchmarks.configs import VARIANTS, settings  # noqa: E402
+from benchmarks.configs import VARIANTS, settings, source_commit  # noqa: E402
 from common.logger import final_return, seed_keys  # noqa: E402
 
 
@@ -79,17 +78,9 @@ def main():
           f"train {train_s:.1f}s, {steps * args.seeds / train_s:,.0f} SPS (all seeds)")
     print("per seed:", " ".join(f"{x:.1f}" for x in final))
 
-    # A tree copied to another machine (a GPU) is told its commit in SOURCE_COMMIT: the copy's
-    # own git metadata, if any, need not match it.
-    commit = os.environ.get("SOURCE_COMMIT", "")
-    try:
-        commit = commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                          capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = "unknown"
     record = {
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
-        "commit": commit,
+        "commit": source_commit(),
         "versions": {p: metadata.version(p) for p in ("jax", "jaxlib", "flax", "optax",
                                                        "distrax", "gymnax")},
         "config": dataclasses.asdict(config),

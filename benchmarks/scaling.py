@@ -32,6 +32,8 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from benchmarks.configs import source_commit  # noqa: E402
 DONE = re.compile(r"final return \(last 10% of updates\) mean ([-\d.na]+), min ([-\d.na]+) \| "
                   r"compile [\d.]+s, train ([\d.]+)s \(([\d,]+) SPS\)")
 
@@ -124,12 +126,10 @@ def main():
                             args.repeats, processes=2, pin=True))
         for r in rows[first:]:
             r["speedup_vs_1_device"] = r["sps"] / rows[first]["sps"]
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
     suffix = f"__{args.only}" if args.only else ""
     path = os.path.join(ROOT, "benchmarks", "results", f"scaling__ppo__CartPole-v1{suffix}.json")
     with open(path, "w") as f:
-        json.dump({"command": " ".join(["python", *sys.argv]), "commit": commit,
+        json.dump({"command": " ".join(["python", *sys.argv]), "commit": source_commit(),
                    "cpus": os.cpu_count(), "rows": rows}, f, indent=1)
     print(f"raw rows: {path}")
 

@@ -12,6 +12,13 @@ PureJaxRL runs as shipped (JAX's default lowerings), and once more compiled with
 lowering our `make_train` selects on CPU (`common/prng.py`), so the output also shows how much
 of the ratio that one switch is.
 
+`--threads N` sets XLA:CPU's thread pool to N threads (`NPROC`, read when JAX starts its CPU
+backend) for both libraries; 0 keeps XLA's default, one per core. On a small program the pool
+costs time: XLA:CPU runs the kernels on the calling thread and, whenever more than 8 are ready
+at once, hands half of them to the pool, waking a thread. One seed's PPO update does that about
+once per minibatch (README, "Against PureJaxRL"). `taskset -c 1 python ...` pins the whole
+process to one core, which also leaves a one-thread pool.
+
 PureJaxRL targets the gymnax 0.0.x step API (`done` in one flag); a small adapter below gives it
 that view of gymnax 1.0 (`done = terminated or truncated`, PureJaxRL's own semantics), and
 stub modules stand in for the optional `brax`/`navix` imports of its `wrappers.py`, which the
@@ -23,7 +30,6 @@ import importlib.util
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 import types
@@ -33,6 +39,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from algos.ppo import Config, make_train  # noqa: E402
+from benchmarks.configs import source_commit  # noqa: E402
 from common.logger import final_return  # noqa: E402
 from common.prng import unroll_threefry_on_cpu  # noqa: E402
 
@@ -74,8 +81,17 @@ def main():
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--total-timesteps", type=int, default=500_000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="XLA:CPU thread-pool size (NPROC) for both; 0: XLA's default")
     parser.add_argument("--out", default="benchmarks/results/vs_purejaxrl.json")
     args = parser.parse_args()
+    if args.threads < 0:
+        parser.error(f"--threads must be >= 0, got {args.threads}")
+    if args.threads:
+        from jax._src import xla_bridge
+        if xla_bridge.backends_are_initialized():
+            parser.error("--threads: JAX's CPU backend has already started in this process")
+        os.environ["NPROC"] = str(args.threads)  # read when the backend starts, below
 
     config = Config(total_timesteps=args.total_timesteps)
     reference = load_reference(args.reference)
@@ -130,9 +146,10 @@ def main():
     print(f"speed ratio ours / purejaxrl+unrolled (medians): "
           f"{median['ours'] / median['purejaxrl+unrolled']:.2f}x")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     with open(args.out, "w") as f:
-        json.dump({"command": " ".join(sys.argv), "commit": commit, "jax": jax.__version__,
+        json.dump({"command": " ".join(sys.argv), "commit": source_commit(), "jax": jax.__version__,
+                   "threads": args.threads or "default", "cpus": cpus,
                    "seeds": args.seeds, "sps": sps, "compile_s": compile_s,
                    "final_return": {k: np.asarray(v).tolist() for k, v in returns.items()}}, f, indent=1)
 
