@@ -97,10 +97,10 @@ def check_learn_ppo():
                       jnp.log(0.5) + 0.1 * jax.random.normal(k[2], (n,)),
                       jax.random.normal(k[3], (n,)), jax.random.normal(k[4], (n,)) * 3.0 + 1.0,
                       jax.random.normal(k[5], (n,)))
-    key = jax.random.PRNGKey(2)
-    want = jax.jit(train.learn)(state, hp, data, key)
+    key, update = jax.random.PRNGKey(2), 3
+    want = jax.jit(train.learn, static_argnums=4)(state, hp, data, key, update)
     for d in (1, 2, 4):
-        run = data_parallel(lambda s, h, b, k: per_device(train.learn(s, h, b, k)),
+        run = data_parallel(lambda s, h, b, k: per_device(train.learn(s, h, b, k, update)),
                             jax.devices()[:d], (P(), P(), P(), P()), P(DATA_AXIS))
         got = run(state, hp, data, key)
         assert_learned_the_same(d, state.params, got, want)

@@ -7,7 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from algos.ppo import Config, make_train
+import jax.flatten_util
+
+from algos.ppo import Config, Transition, make_train
 from common.logger import final_return
 
 TINY = Config(env_id="CartPole-v1", total_timesteps=2048, num_envs=4, num_steps=32,
@@ -92,6 +94,35 @@ def test_cartpole_learns_on_a_small_budget():
     last = final_return(metrics["episodic_return"])
     assert first < 40, first
     assert last.mean() > 150 and last.min() > 80, last
+
+
+def test_learn_steps_at_the_learning_rate_of_the_update_it_is_given():
+    """With one minibatch and a fresh Adam state, the first step is -lr * m/(sqrt(v)+eps) with
+    m and v independent of lr: so the step of update u is (1 - u/num_updates) times that of
+    update 0, and update num_updates (lr annealed to 0) leaves the parameters unchanged."""
+    config = dataclasses.replace(TINY, num_minibatches=1, update_epochs=1)
+    train = make_train(config)
+    state = jax.jit(train.init)(jax.random.PRNGKey(0))
+    k = jax.random.split(jax.random.PRNGKey(1), 4)
+    n = config.batch_size
+    data = Transition(jax.random.normal(k[0], (n, 4)), jax.random.randint(k[1], (n,), 0, 2),
+                      jnp.full((n,), jnp.log(0.5)), jnp.zeros((n,)),
+                      jax.random.normal(k[2], (n,)), jax.random.normal(k[3], (n,)))
+    learn = jax.jit(train.learn, static_argnums=4)
+    num_updates = config.num_updates
+
+    def step(update):
+        params = learn(state, config.hparams(), data, jax.random.PRNGKey(2), update)[0]
+        return jax.flatten_util.ravel_pytree(params)[0] - jax.flatten_util.ravel_pytree(
+            state.params)[0]
+
+    first, quarter, last = step(0), step(num_updates // 4), step(num_updates)
+    assert np.abs(first).max() > 1e-5
+    np.testing.assert_array_equal(last, 0.0)
+    frac = 1.0 - (num_updates // 4) / num_updates
+    # (float32 parameters near 1 keep a 1e-4 step to about 6e-8)
+    np.testing.assert_allclose(quarter, frac * first, rtol=1e-4, atol=1e-7)
+    assert np.abs(quarter - first).max() > 100 * 1e-7  # (a wrong rate would fail above)
 
 
 def test_continuous_actions_normalisation_and_kl_stop_run():
