@@ -18,9 +18,10 @@ al. (2022), "The 37 Implementation Details of PPO" (ICLR blog track), and matchi
 
 Four pieces are there only for speed on CPU and change no equation: `Dense`
 (`common/dense.py`, `nn.Dense` with a weight gradient XLA:CPU runs on its fast kernels), the
-minibatch loop on the parameters as one flat vector at a learning rate set once per update
-(`learn`), `shuffled_minibatches` (`common/minibatch.py`, a faster sort for the same kind of permutation)
-and `unroll_threefry_on_cpu` (`common/prng.py`, the same random bits without a loop).
+minibatch loop with the optimiser on one flat vector, the parameters carried as matrices plus
+one vector (`common/params.py`) and the learning rate set once per update (`learn`), `shuffled_minibatches` (`common/minibatch.py`, a faster sort for the same kind of permutation)
+and `unroll_threefry_on_cpu` (`common/prng.py`, the same random bits without a loop); the
+shared rollout runs its scan packed (`common/scan.py`) for the same reason.
 
 Use it from the command line, `python algos/ppo.py --env-id CartPole-v1 --num-seeds 4` (on
 every core: `--num-devices`, `--parallel seeds|data`, `--coordinator-address`; README, "Scaling
@@ -52,6 +53,7 @@ from common.envs import EnvSpec, make_env
 from common.gae import gae
 from common.init import orthogonal
 from common.minibatch import shuffled_minibatches
+from common.params import carry_form
 from common.prng import unroll_threefry_on_cpu
 from common.rollout import EnvState, finished_episode_stats, reset, rollout
 
@@ -382,16 +384,17 @@ def make_train(config: Config):
         Every device shuffles the same batch with the same key; in data-parallel runs each
         computes the gradient of its 1/D share of every minibatch and `pmean` averages them,
         so the result does not depend on the number of devices.
-        The parameters travel through the epochs as one flat vector (`ravel_pytree`; the
-        network gets them back as its tree), so clipping, Adam and the step are one array
-        each. (Speed only: with the learning rate fixed before the loop, XLA:CPU then never
-        has more than 8 kernels ready at once in a minibatch, and does not hand half of them
-        to another thread, which on two cores cost about 10 us per minibatch.)
+        Clipping, Adam and the step run on the parameters as one flat vector (`ravel_pytree`),
+        and the epochs carry them as their matrices plus one vector of all the biases
+        (`common/params.py`). (Speed only: XLA:CPU then never has more than 8 kernels ready at
+        once in a minibatch, and does not hand half of them to another thread, which on two
+        cores cost about a quarter of the run's time.)
         Returns `(params, opt_state, info, ran)`: `info` per epoch and minibatch, `ran` 1.0 for
         the epochs that ran (0.0 after a KL early stop).
         """
         optimizer = make_optimizer(hp, learning_rate(hp, update))
-        flat_params, unravel = ravel_pytree(state.params)
+        unravel = ravel_pytree(state.params)[1]
+        to_carry, to_params = carry_form(state.params)
 
         def epoch(carry, key):
             params, opt_state, stopped = carry
@@ -399,10 +402,12 @@ def make_train(config: Config):
             def minibatch(carry, batch: Transition):
                 params, opt_state = carry
                 grads, info = jax.grad(lambda p: loss_fn(
-                    unravel(p), hp, state.obs_stats, distributed.device_share(batch)),
+                    to_params(p), hp, state.obs_stats, distributed.device_share(batch)),
                     has_aux=True)(params)
                 grads, info = pmean((grads, info))  # data-parallel: average over devices
-                updates, opt_state = optimizer.update(grads, opt_state, params)
+                flat_grads = ravel_pytree(to_params(grads))[0]
+                updates, opt_state = optimizer.update(flat_grads, opt_state)
+                updates = to_carry(unravel(updates))
                 return (optax.apply_updates(params, updates), opt_state), info
 
             batches = shuffled_minibatches(key, data, config.num_minibatches)
@@ -418,9 +423,9 @@ def make_train(config: Config):
             return (params, opt_state, stopped), (info, ran)
 
         (params, opt_state, _), (info, ran) = lax.scan(
-            epoch, (flat_params, state.opt_state, jnp.bool_(False)),
+            epoch, (to_carry(state.params), state.opt_state, jnp.bool_(False)),
             jax.random.split(key, config.update_epochs))
-        return unravel(params), opt_state, info, ran
+        return to_params(params), opt_state, info, ran
 
     def update_step(state: TrainState, hp: HParams, update):
         """One PPO iteration: collect a rollout, compute GAE, run the epochs of minibatch SGD."""

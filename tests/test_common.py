@@ -326,3 +326,23 @@ def test_packed_scan_equals_lax_scan_on_mixed_dtypes_and_packing_round_trips():
     stacked = jax.tree.map(lambda x: jnp.stack([x, x + 1]), init)  # a leading axis
     for g, w in zip(jax.tree.leaves(unpack(pack(stacked))), jax.tree.leaves(stacked)):
         np.testing.assert_array_equal(g, w)
+
+
+def test_carry_form_keeps_matrices_apart_and_vectors_together_and_round_trips():
+    from common.params import carry_form
+
+    k = jax.random.split(jax.random.PRNGKey(0), 5)
+    params = {"a": {"kernel": jax.random.normal(k[0], (4, 3)), "bias": jax.random.normal(k[1], (3,))},
+              "b": {"kernel": jax.random.normal(k[2], (3, 2)), "bias": jax.random.normal(k[3], (2,))},
+              "log_std": jax.random.normal(k[4], (2,))}
+    to_carry, to_params = carry_form(params)
+    matrices, vector = to_carry(params)
+    assert [m.shape for m in matrices] == [(4, 3), (3, 2)]
+    np.testing.assert_array_equal(  # tree order: a.bias, b.bias, log_std
+        vector, np.concatenate([params["a"]["bias"], params["b"]["bias"], params["log_std"]]))
+    back = jax.jit(lambda c: to_params(c))((matrices, vector))
+    assert jax.tree.structure(back) == jax.tree.structure(params)
+    for g, w in zip(jax.tree.leaves(back), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(g, w)
+    only_matrices = carry_form({"w": params["a"]["kernel"]})[0]({"w": params["a"]["kernel"]})
+    assert only_matrices[1].shape == (0,)
