@@ -43,7 +43,6 @@ import numpy as np
 import optax
 import tyro
 from jax import lax
-from jax.flatten_util import ravel_pytree
 
 from common import cli, distributed, logger, normalize
 from common.conv import Conv
@@ -372,7 +371,8 @@ def make_train(config: Config):
         hp = config.hparams() if hparams is None else hparams
         key, key_net, key_env = jax.random.split(key, 3)
         params = network.init(key_net, jnp.zeros((1,) + spec.obs_shape, jnp.float32))
-        opt_state = make_optimizer(hp, hp.learning_rate).init(ravel_pytree(params)[0])
+        form = carry_form(params)  # the optimiser's state is for one flat vector (see `learn`)
+        opt_state = make_optimizer(hp, hp.learning_rate).init(form.ravel(form.to_carry(params)))
         return TrainState(params, opt_state, normalize.init(spec.obs_shape),
                           reset(env, env_params, distributed.fold_in_device(key_env),
                                 local_num_envs()), key)
@@ -384,17 +384,15 @@ def make_train(config: Config):
         Every device shuffles the same batch with the same key; in data-parallel runs each
         computes the gradient of its 1/D share of every minibatch and `pmean` averages them,
         so the result does not depend on the number of devices.
-        Clipping, Adam and the step run on the parameters as one flat vector (`ravel_pytree`),
-        and the epochs carry them as their matrices plus one vector of all the biases
-        (`common/params.py`). (Speed only: XLA:CPU then never has more than 8 kernels ready at
+        The epochs carry the parameters as their matrices plus one vector of all the biases,
+        and clipping, Adam and the step run on them as one flat vector (`common/params.py`). (Speed only: XLA:CPU then never has more than 8 kernels ready at
         once in a minibatch, and does not hand half of them to another thread, which on two
         cores cost about a quarter of the run's time.)
         Returns `(params, opt_state, info, ran)`: `info` per epoch and minibatch, `ran` 1.0 for
         the epochs that ran (0.0 after a KL early stop).
         """
         optimizer = make_optimizer(hp, learning_rate(hp, update))
-        unravel = ravel_pytree(state.params)[1]
-        to_carry, to_params = carry_form(state.params)
+        form = carry_form(state.params)
 
         def epoch(carry, key):
             params, opt_state, stopped = carry
@@ -402,13 +400,11 @@ def make_train(config: Config):
             def minibatch(carry, batch: Transition):
                 params, opt_state = carry
                 grads, info = jax.grad(lambda p: loss_fn(
-                    to_params(p), hp, state.obs_stats, distributed.device_share(batch)),
+                    form.to_params(p), hp, state.obs_stats, distributed.device_share(batch)),
                     has_aux=True)(params)
                 grads, info = pmean((grads, info))  # data-parallel: average over devices
-                flat_grads = ravel_pytree(to_params(grads))[0]
-                updates, opt_state = optimizer.update(flat_grads, opt_state)
-                updates = to_carry(unravel(updates))
-                return (optax.apply_updates(params, updates), opt_state), info
+                updates, opt_state = optimizer.update(form.ravel(grads), opt_state)
+                return (optax.apply_updates(params, form.unravel(updates)), opt_state), info
 
             batches = shuffled_minibatches(key, data, config.num_minibatches)
             (new_params, new_opt_state), info = lax.scan(minibatch, (params, opt_state), batches)
@@ -423,9 +419,9 @@ def make_train(config: Config):
             return (params, opt_state, stopped), (info, ran)
 
         (params, opt_state, _), (info, ran) = lax.scan(
-            epoch, (to_carry(state.params), state.opt_state, jnp.bool_(False)),
+            epoch, (form.to_carry(state.params), state.opt_state, jnp.bool_(False)),
             jax.random.split(key, config.update_epochs))
-        return to_params(params), opt_state, info, ran
+        return form.to_params(params), opt_state, info, ran
 
     def update_step(state: TrainState, hp: HParams, update):
         """One PPO iteration: collect a rollout, compute GAE, run the epochs of minibatch SGD."""

@@ -13,25 +13,44 @@ How the parameters are carried decides how many kernels a minibatch readies at o
 - matrices apart and vectors together, the end writes 7 arrays and the start copies nothing
   (a bias is read straight from the vector by the kernel that adds it).
 
-`carry_form(template)` converts between the network's tree and that form; nothing is computed.
+`carry_form(template)` converts between the network's tree, that form and one flat vector (for
+the optimiser); nothing is computed.
 """
 
 import math
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 
-def carry_form(template):
-    """`(to_carry, to_params)` for parameter trees shaped like `template`.
+class CarryForm(NamedTuple):
+    """The conversions of `carry_form`; all are exact (they only move data)."""
 
-    `to_carry(params)` is `(matrices, vector)`: a tuple of the leaves with 2 or more dimensions,
-    in tree order, and the other leaves flattened and concatenated in tree order (float32 [0]
-    if there are none). `to_params` inverts it exactly. Both work on gradients and updates too.
+    to_carry: Callable
+    """params -> (matrices, vector)."""
+    to_params: Callable
+    """(matrices, vector) -> params."""
+    ravel: Callable
+    """(matrices, vector) -> one flat vector: `vector`, then each matrix row-major."""
+    unravel: Callable
+    """The inverse of `ravel`."""
+
+
+def carry_form(template) -> CarryForm:
+    """The conversions between parameter trees shaped like `template` and the carried form
+    `(matrices, vector)`: a tuple of the leaves with 2 or more dimensions, in tree order, and
+    the other leaves flattened and concatenated in tree order (float32 [0] if there are none).
+    They work on gradients and updates too.
+
+    `ravel` flattens the carried form with the vector first, so that unravelling an update
+    slices each array out whole (an interleaved order would gather the vector from pieces).
     """
     leaves, treedef = jax.tree.flatten(template)
     is_matrix = [jnp.ndim(x) >= 2 for x in leaves]
-    shapes = [jnp.shape(x) for x in leaves]
+    shapes = [tuple(jnp.shape(x)) for x in leaves]
+    matrix_shapes = [s for s, m in zip(shapes, is_matrix) if m]
+    vector_size = sum(math.prod(s) for s, m in zip(shapes, is_matrix) if not m)
 
     def to_carry(params):
         leaves = jax.tree.leaves(params)
@@ -51,4 +70,16 @@ def carry_form(template):
                 offset += size
         return jax.tree.unflatten(treedef, out)
 
-    return to_carry, to_params
+    def ravel(carry):
+        matrices, vector = carry
+        return jnp.concatenate([vector] + [jnp.ravel(m) for m in matrices])
+
+    def unravel(flat):
+        matrices, offset = [], vector_size
+        for shape in matrix_shapes:
+            size = math.prod(shape)
+            matrices.append(jnp.reshape(flat[offset:offset + size], shape))
+            offset += size
+        return tuple(matrices), flat[:vector_size]
+
+    return CarryForm(to_carry, to_params, ravel, unravel)

@@ -335,14 +335,17 @@ def test_carry_form_keeps_matrices_apart_and_vectors_together_and_round_trips():
     params = {"a": {"kernel": jax.random.normal(k[0], (4, 3)), "bias": jax.random.normal(k[1], (3,))},
               "b": {"kernel": jax.random.normal(k[2], (3, 2)), "bias": jax.random.normal(k[3], (2,))},
               "log_std": jax.random.normal(k[4], (2,))}
-    to_carry, to_params = carry_form(params)
-    matrices, vector = to_carry(params)
+    form = carry_form(params)
+    matrices, vector = form.to_carry(params)
     assert [m.shape for m in matrices] == [(4, 3), (3, 2)]
-    np.testing.assert_array_equal(  # tree order: a.bias, b.bias, log_std
-        vector, np.concatenate([params["a"]["bias"], params["b"]["bias"], params["log_std"]]))
-    back = jax.jit(lambda c: to_params(c))((matrices, vector))
+    biases = np.concatenate([params["a"]["bias"], params["b"]["bias"], params["log_std"]])
+    np.testing.assert_array_equal(vector, biases)  # tree order: a.bias, b.bias, log_std
+    flat = form.ravel((matrices, vector))  # the vector first, then each matrix row-major
+    np.testing.assert_array_equal(flat, np.concatenate(
+        [biases, np.ravel(params["a"]["kernel"]), np.ravel(params["b"]["kernel"])]))
+    back = jax.jit(lambda f: form.to_params(form.unravel(f)))(flat)
     assert jax.tree.structure(back) == jax.tree.structure(params)
     for g, w in zip(jax.tree.leaves(back), jax.tree.leaves(params)):
         np.testing.assert_array_equal(g, w)
-    only_matrices = carry_form({"w": params["a"]["kernel"]})[0]({"w": params["a"]["kernel"]})
+    only_matrices = carry_form({"w": params["a"]["kernel"]}).to_carry({"w": params["a"]["kernel"]})
     assert only_matrices[1].shape == (0,)
