@@ -17,11 +17,12 @@ al. (2022), "The 37 Implementation Details of PPO" (ICLR blog track), and matchi
 - optional early stop of an update's epochs when the approximate KL exceeds `target_kl`.
 
 Four pieces are there only for speed on CPU and change no equation: `Dense`
-(`common/dense.py`, `nn.Dense` with a weight gradient XLA:CPU runs on its fast kernels), the
-minibatch loop with the optimiser on one flat vector, the parameters carried as matrices plus
-one vector (`common/params.py`) and the learning rate set once per update (`learn`), `shuffled_minibatches` (`common/minibatch.py`, a faster sort for the same kind of permutation)
-and `unroll_threefry_on_cpu` (`common/prng.py`, the same random bits without a loop); the
-shared rollout runs its scan packed (`common/scan.py`) for the same reason.
+(`common/dense.py`, `nn.Dense` with a weight gradient XLA:CPU runs on its fast kernels); the
+minibatch loop of `learn` (the parameters carried as their matrices plus one vector of biases,
+`common/params.py`, the optimiser on one flat vector, the learning rate set once per update);
+`shuffled_minibatches` (`common/minibatch.py`, a faster sort for the same kind of
+permutation); and `unroll_threefry_on_cpu` (`common/prng.py`, the same random bits without a
+loop). The shared rollout runs its scan packed (`common/scan.py`) for the same reason.
 
 Use it from the command line, `python algos/ppo.py --env-id CartPole-v1 --num-seeds 4` (on
 every core: `--num-devices`, `--parallel seeds|data`, `--coordinator-address`; README, "Scaling
