@@ -386,9 +386,10 @@ def make_train(config: Config):
         computes the gradient of its 1/D share of every minibatch and `pmean` averages them,
         so the result does not depend on the number of devices.
         The epochs carry the parameters as their matrices plus one vector of all the biases,
-        and clipping, Adam and the step run on them as one flat vector (`common/params.py`). (Speed only: XLA:CPU then never has more than 8 kernels ready at
-        once in a minibatch, and does not hand half of them to another thread, which on two
-        cores cost about a quarter of the run's time.)
+        and clipping, Adam and the step run on them as one flat vector (`common/params.py`).
+        (Speed only: XLA:CPU then never has more than 8 kernels ready at once in a minibatch,
+        and does not hand half of them to another thread, which on two cores had cost the
+        run about a third of its speed; README, "Against PureJaxRL".)
         Returns `(params, opt_state, info, ran)`: `info` per epoch and minibatch, `ran` 1.0 for
         the epochs that ran (0.0 after a KL early stop).
         """

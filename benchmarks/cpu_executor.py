@@ -26,7 +26,7 @@ import re
 import subprocess
 import sys
 
-ROOT = os.environ.get('ROOT_OVERRIDE') or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPLIT_THRESHOLD = 8
 
 COMPILE = """
@@ -95,11 +95,13 @@ def main():
         sys.exit("no executor graphs in XLA's log: this jaxlib may not log them "
                  "(TF_CPP_VMODULE=thunk_executor=9).")
     what = f"jit(vmap(train)), {args.seeds} seeds" if args.seeds else "jit(train)"
-    print(f"{args.algo} {args.env_id}, {what}: executor graphs with more than {SPLIT_THRESHOLD} kernels")
+    print(f"{args.algo} {args.env_id}, {what}: "
+          f"executor graphs with more than {SPLIT_THRESHOLD} kernels")
     print(f"{'kernels':>8} {'ready at start':>15} {'most ready':>11}  first hand-off")
     for names, deps, total in found:
         sources, most, split = replay(names, deps)
-        where = "none" if split is None else f"after kernel {split[0]} ({split[1]}), {split[2]} ready"
+        where = ("none" if split is None
+                 else f"after kernel {split[0]} ({split[1]}), {split[2]} ready")
         if len(names) < total and split is None:  # XLA's log cut the graph off
             where = f"none in the first {len(names)} (the log holds only those)"
         print(f"{total:>8} {sources:>15} {most:>11}  {where}")

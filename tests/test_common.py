@@ -332,8 +332,10 @@ def test_carry_form_keeps_matrices_apart_and_vectors_together_and_round_trips():
     from common.params import carry_form
 
     k = jax.random.split(jax.random.PRNGKey(0), 5)
-    params = {"a": {"kernel": jax.random.normal(k[0], (4, 3)), "bias": jax.random.normal(k[1], (3,))},
-              "b": {"kernel": jax.random.normal(k[2], (3, 2)), "bias": jax.random.normal(k[3], (2,))},
+    params = {"a": {"kernel": jax.random.normal(k[0], (4, 3)),
+                    "bias": jax.random.normal(k[1], (3,))},
+              "b": {"kernel": jax.random.normal(k[2], (3, 2)),
+                    "bias": jax.random.normal(k[3], (2,))},
               "log_std": jax.random.normal(k[4], (2,))}
     form = carry_form(params)
     matrices, vector = form.to_carry(params)

@@ -3,11 +3,10 @@
 import dataclasses
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import jax.flatten_util
 
 from algos.ppo import Config, Transition, make_train
 from common.logger import final_return
