@@ -15,8 +15,9 @@ of the ratio that one switch is.
 `--threads N` sets XLA:CPU's thread pool to N threads (`NPROC`, read when JAX starts its CPU
 backend) for both libraries; 0 keeps XLA's default, one per core. On a small program the pool
 costs time: XLA:CPU runs the kernels on the calling thread and, whenever more than 8 are ready
-at once, hands half of them to the pool, waking a thread. One seed's PPO update does that about
-once per minibatch (README, "Against PureJaxRL"). `taskset -c 1 python ...` pins the whole
+at once, hands half of them to the pool, waking a thread. Our PPO does that twice per update
+(before commits 617bd9e to f5e167d, also in every rollout step and minibatch; README, "Against
+PureJaxRL"; `benchmarks/cpu_executor.py` shows where). `taskset -c 1 python ...` pins the whole
 process to one core, which also leaves a one-thread pool.
 
 PureJaxRL targets the gymnax 0.0.x step API (`done` in one flag); a small adapter below gives it
