@@ -27,13 +27,15 @@ What differs from the paper, following OpenAI Baselines' `a2c` and Stable-Baseli
 - the value loss carries a factor 0.5 (as in `ppo.py`); Baselines and SB3 use the plain mean
   squared error, so their `vf_coef` equals ours / 2 for the same gradient.
 
-Use it from the command line, `python algos/a2c.py --env-id CartPole-v1 --num-seeds 4` (on
-every core: `--num-devices`, `--parallel seeds|data`, `--coordinator-address`; README, "Scaling
-out"), or from Python:
+From Python (needs only `common/` modules `envs`, `rollout`, `scan`, `gae`, `normalize`,
+`distributed`, `nn` and `validate`; `docs/copying.md`):
 
     train = make_train(Config(env_id="CartPole-v1"))
     state, metrics = jax.jit(train)(jax.random.PRNGKey(0))
     states, metrics = jax.jit(jax.vmap(train))(jax.random.split(key, 16))   # 16 seeds
+
+From the command line (`common/host/`: seeds, logging, checkpoints, devices; README):
+`python algos/a2c.py --env-id CartPole-v1 --num-seeds 4`.
 """
 
 import dataclasses
@@ -45,17 +47,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import tyro
 from jax import lax
 
-from common import cli, distributed, logger, normalize
-from common.conv import Conv
+from common import distributed, normalize
 from common.distributed import pmean
-from common.envs import EnvSpec, make_env
+from common.envs import EnvSpec, check_env_id, make_env
 from common.gae import gae
-from common.init import orthogonal
-from common.prng import unroll_threefry_on_cpu
+from common.nn import Conv, Dense, orthogonal
 from common.rollout import EnvState, Trajectory, finished_episode_stats, reset, rollout
+from common.validate import one_of, require
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,47 +68,6 @@ class Config:
     learning rate, no advantage normalisation; also rl-baselines3-zoo's CartPole config). With
     them, CartPole-v1 reaches 500 and Acrobot-v1 about -84 in 5e5 steps (16 seeds each).
     """
-
-    # --- run ---
-    exp_name: str = "a2c"
-    """Experiment name, part of the run directory name."""
-    seed: int = 1
-    """Seed of the first run; run i of `num_seeds` uses seed `seed + i`."""
-    num_seeds: int = 1
-    """Independent runs trained together in one vmapped call, each logged as its own run."""
-    log_dir: str = "runs"
-    """TensorBoard runs go to `{log_dir}/{env_id}__{exp_name}__{seed}__{unix_time}`."""
-    live_progress: tyro.conf.Suppress[bool] = False
-    """Python API only: print progress from inside the compiled `train` (jax.debug.callback)."""
-    checkpoint_every: int = 0
-    """Checkpoint every N updates (0: only at the end and on Ctrl-C), to `latest.msgpack` in
-    the first run's log directory (or the file given to `--resume`)."""
-    resume: str | None = None
-    """Continue the run saved in this checkpoint file (or directory), exactly where it
-    stopped; flags not given take the saved run's values."""
-    eval_every: int = 0
-    """Evaluate the deterministic policy (mode of pi) every N updates and at the end
-    (0: never), logged as `eval/episodic_return`."""
-    eval_episodes: int = 10
-    """Episodes per evaluation, each in its own environment."""
-    num_devices: int = 0
-    """Devices to spread the runs over (0: all; for `--parallel seeds`, the most that divide
-    `num_seeds`). On a CPU-only machine the command line makes one XLA device per core."""
-    parallel: Literal["seeds", "data"] = "seeds"
-    """`seeds`: split the `num_seeds` independent runs across the devices (no communication).
-    `data`: train each run on every device, its `num_envs` environments split across them and
-    its gradients averaged (`common/distributed.py`)."""
-    coordinator_address: str | None = None
-    """Several processes or hosts: `HOST:PORT` of process 0, for `jax.distributed.initialize`
-    (default: `JAX_COORDINATOR_ADDRESS`). Each process drives its own devices."""
-    num_processes: int = 1
-    """Number of processes (default: `JAX_NUM_PROCESSES`, else 1)."""
-    process_id: int = 0
-    """This process's index, 0 to num_processes - 1 (default: `JAX_PROCESS_ID`); process 0
-    logs and writes checkpoints."""
-    distributed_timeout: int = 60
-    """Seconds to wait for the other processes to start, and after which a silent (dead)
-    process is declared dead so the others stop with an error."""
 
     # --- environment ---
     env_id: str = "CartPole-v1"
@@ -142,10 +101,10 @@ class Config:
     """Global gradient-norm clip."""
     optimizer: Literal["rmsprop", "adam"] = "rmsprop"
     """Optimiser: RMSprop (PyTorch/SB3 semantics, not centred) or Adam."""
-    rmsprop_alpha: float = 0.99
+    rms_decay: float = 0.99
     """RMSprop's decay of the squared-gradient average (PyTorch's `alpha`)."""
-    eps: float = 1e-5
-    """Epsilon of the optimiser's denominator (added outside the square root)."""
+    opt_eps: float = 1e-5
+    """Epsilon of the optimiser's denominator, added outside the square root (PyTorch)."""
 
     # --- network ---
     hidden_size: int = 64
@@ -156,50 +115,19 @@ class Config:
     """Torso: `auto` picks the CNN for image observations (MinAtar) and the MLPs otherwise;
     `mlp` flattens images into the MLPs (PureJaxRL's MinAtar baseline, much cheaper on a CPU)."""
 
-    def __post_init__(self):
-        for name in ("num_seeds", "total_timesteps", "num_envs", "num_steps", "hidden_size",
-                     "eval_episodes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, "
-                                 f"got {getattr(self, name)}.")
-        if self.num_devices < 0 or self.num_processes < 1 or \
-                not 0 <= self.process_id < self.num_processes or self.distributed_timeout < 1:
-            raise ValueError("--num-devices must be >= 0, --num-processes >= 1, --process-id in "
-                             "[0, num_processes) and --distributed-timeout >= 1.")
-        if self.parallel not in ("seeds", "data"):
-            raise ValueError(f"--parallel must be 'seeds' or 'data', got {self.parallel!r}.")
-        for name in ("checkpoint_every", "eval_every"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0: never), got "
-                                 f"{getattr(self, name)}.")
+    def __post_init__(self):  # plain Python: building a Config starts no JAX backend
+        require(self, "positive_int", "total_timesteps", "num_envs", "num_steps", "hidden_size")
+        require(self, "positive", "learning_rate", "max_grad_norm", "opt_eps")
+        require(self, "unit", "gamma", "gae_lambda")
+        require(self, "unit_open", "rms_decay")
+        require(self, "nonnegative", "ent_coef", "vf_coef")
+        one_of(self, "optimizer", ("rmsprop", "adam"))
+        one_of(self, "activation", ("tanh", "relu"))
+        one_of(self, "network", ("auto", "mlp", "cnn"))
         if self.total_timesteps < self.batch_size:
             raise ValueError(f"--total-timesteps {self.total_timesteps} is less than one "
                              f"rollout (num_envs * num_steps = {self.batch_size}).")
-        for name in ("learning_rate", "max_grad_norm", "eps"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be > 0, got "
-                                 f"{getattr(self, name)}.")
-        for name in ("gamma", "gae_lambda"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1], got "
-                                 f"{getattr(self, name)}.")
-        if not 0.0 <= self.rmsprop_alpha < 1.0:
-            raise ValueError(f"--rmsprop-alpha must be in [0, 1), got {self.rmsprop_alpha}.")
-        for name in ("ent_coef", "vf_coef"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got "
-                                 f"{getattr(self, name)}.")
-        if self.optimizer not in ("rmsprop", "adam"):
-            raise ValueError(f"--optimizer must be 'rmsprop' or 'adam', got {self.optimizer!r}.")
-        if self.activation not in ("tanh", "relu"):
-            raise ValueError(f"--activation must be 'tanh' or 'relu', got {self.activation!r}.")
-        if self.network not in ("auto", "mlp", "cnn"):
-            raise ValueError(f"--network must be 'auto', 'mlp' or 'cnn', got {self.network!r}.")
-        _, _, spec = make_env(self.env_id)  # an unknown id fails here, before anything compiles
-        if self.network == "cnn" and not spec.image_obs:
-            raise ValueError(f"--network cnn needs image observations (a MinAtar game), but "
-                             f"{self.env_id} observations have shape {spec.obs_shape}; use "
-                             f"--network mlp (or auto).")
+        check_env_id(self.env_id)
 
     @property
     def batch_size(self) -> int:
@@ -227,8 +155,8 @@ class HParams(NamedTuple):
     ent_coef: jax.Array
     vf_coef: jax.Array
     max_grad_norm: jax.Array
-    rmsprop_alpha: jax.Array
-    eps: jax.Array
+    rms_decay: jax.Array
+    opt_eps: jax.Array
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,7 +175,7 @@ class ActorCritic(nn.Module):
     @nn.compact
     def __call__(self, obs):
         act = nn.tanh if self.activation == "tanh" else nn.relu
-        dense = lambda n, scale: nn.Dense(n, kernel_init=orthogonal(scale))  # noqa: E731
+        dense = lambda n, scale: Dense(n, kernel_init=orthogonal(scale))  # noqa: E731
         if self.cnn:
             x = nn.relu(Conv(16, (3, 3), kernel_init=orthogonal(np.sqrt(2)))(obs))
             x = nn.relu(dense(128, np.sqrt(2))(x.reshape(x.shape[:-3] + (-1,))))
@@ -326,19 +254,25 @@ def a2c_loss(log_prob_t, entropy_t, v_t, r_t, v_tp1, terminated_t, truncated_t, 
     return loss, LossInfo(value_loss, policy_loss, entropy, explained_variance)
 
 
-def make_train(config: Config):
+# --------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------
+def make_train(config: Config, live_progress: bool = False):
     """Build `train(key, hparams=None) -> (TrainState, metrics)`, jittable and vmappable.
 
     `metrics` maps names to arrays with one row per update (leading axis `num_updates`).
+    `live_progress`: print progress from inside the compiled `train` (`jax.debug.callback`;
+    call `train.progress.close()` afterwards for the last line).
+    Raises `ValueError` for a network the environment cannot take, before anything compiles.
     """
-    unroll_threefry_on_cpu()  # speed only, the same random bits: common/prng.py
     env, env_params, spec = make_env(config.env_id)
+    if config.network == "cnn" and not spec.image_obs:
+        raise ValueError(f"--network cnn needs image observations (a MinAtar game), but "
+                         f"{config.env_id} observations have shape {spec.obs_shape}; use "
+                         f"--network mlp (or auto).")
     cnn = config.network == "cnn" or (config.network == "auto" and spec.image_obs)
     network = ActorCritic(spec, config.hidden_size, config.activation, cnn)
     num_updates, batch_size = config.num_updates, config.batch_size
-    report_every = max(1, num_updates // 50)
-    progress = logger.Progress(f"a2c {config.env_id}", num_updates * batch_size) \
-        if config.live_progress else None
 
     def learning_rate(hp: HParams, update):
         if config.anneal_lr:
@@ -353,10 +287,10 @@ def make_train(config: Config):
             # lr g / (sqrt(v) + eps) -- eps outside the square root (optax's default puts it
             # inside, https://github.com/google-deepmind/optax/issues/532), accumulator
             # starting at 0, no centring, no momentum.
-            opt = optax.rmsprop(lr, decay=hp.rmsprop_alpha, eps=hp.eps, eps_in_sqrt=False,
+            opt = optax.rmsprop(lr, decay=hp.rms_decay, eps=hp.opt_eps, eps_in_sqrt=False,
                                 centered=False)
         else:
-            opt = optax.adam(lr, eps=hp.eps)
+            opt = optax.adam(lr, eps=hp.opt_eps)
         return optax.chain(optax.clip_by_global_norm(hp.max_grad_norm), opt)
 
     def init(key, hparams: HParams | None = None) -> TrainState:
@@ -435,8 +369,8 @@ def make_train(config: Config):
             **info._asdict(),
         }
         if progress is not None:
-            logger.report_progress(progress, update, num_updates, report_every,
-                                   metrics["global_step"], metrics["episodic_return"])
+            progress.report_from_jit(update, num_updates, metrics["global_step"],
+                                     metrics["episodic_return"])
         return TrainState(params, opt_state, obs_stats, env_state, key), metrics
 
     def act(state: TrainState, obs):
@@ -454,18 +388,21 @@ def make_train(config: Config):
         """The whole run in one call: `(final TrainState, metrics)`."""
         return run_updates(init(key, hparams), hparams, jnp.arange(num_updates))
 
-    # The pieces, for callers that run the updates in chunks (the CLI, checkpointing), the
-    # evaluation policy, and the host-side printer of `live_progress` (call
-    # `train.progress.close()` for its last line).
-    train.init, train.run_updates, train.act, train.progress = init, run_updates, act, progress
-    train.learn = learn
+    progress = None
+    if live_progress:  # host-side printer, imported only when asked for
+        from common.host.logger import Progress
+        progress = Progress(f"a2c {config.env_id}", num_updates * batch_size)
+    # The pieces, for callers that run the updates in chunks (the command line, checkpoints).
+    train.init, train.run_updates, train.learn, train.act = init, run_updates, learn, act
+    train.progress = progress
     return train
 
 
 def main(argv=None):
-    """Command line: parse a Config, train `num_seeds` runs together, log each to TensorBoard."""
-    config = cli.parse_config(Config, argv)
-    return cli.train_and_log("A2C", config, make_train(config))
+    """Command line: the run options of `common/host/options.py` and this file's `Config`."""
+    from common.host import cli  # the host side, only for the command line
+
+    return cli.main("a2c", Config, make_train, argv)
 
 
 if __name__ == "__main__":

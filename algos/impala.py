@@ -27,13 +27,15 @@ What differs from the paper:
 `vtrace = False` keeps everything else and drops the correction (`log_rhos = 0`: the
 "no-correction" baseline of the paper's Sec. 5.3), for ablations.
 
-Use it from the command line, `python algos/impala.py --env-id CartPole-v1 --num-seeds 4` (on
-every core: `--num-devices`, `--parallel seeds|data`, `--coordinator-address`; README, "Scaling
-out"), or from Python:
+From Python (needs only `common/` modules `envs`, `rollout`, `scan`, `vtrace`, `normalize`,
+`distributed`, `nn`, `minibatch` and `validate`; `docs/copying.md`):
 
     train = make_train(Config(env_id="CartPole-v1"))
     state, metrics = jax.jit(train)(jax.random.PRNGKey(0))
     states, metrics = jax.jit(jax.vmap(train))(jax.random.split(key, 16))   # 16 seeds
+
+From the command line (`common/host/`: seeds, logging, checkpoints, devices; README):
+`python algos/impala.py --env-id CartPole-v1 --num-seeds 4`.
 """
 
 import dataclasses
@@ -45,16 +47,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import tyro
 from jax import lax
 
-from common import cli, distributed, logger, normalize
-from common.conv import Conv
+from common import distributed, normalize
 from common.distributed import pmean
-from common.envs import EnvSpec, make_env
-from common.init import orthogonal
-from common.prng import unroll_threefry_on_cpu
+from common.envs import EnvSpec, check_env_id, make_env
+from common.minibatch import permutation
+from common.nn import Conv, Dense, orthogonal
 from common.rollout import EnvState, finished_episode_stats, reset, rollout
+from common.validate import one_of, require
 from common.vtrace import vtrace
 
 
@@ -62,47 +63,6 @@ from common.vtrace import vtrace
 class Config:
     """IMPALA hyperparameters. Defaults: the paper's Atari settings (Espeholt et al. 2018,
     appendix) and DeepMind's `scalable_agent/experiment.py`, except where a field says why."""
-
-    # --- run ---
-    exp_name: str = "impala"
-    """Experiment name, part of the run directory name."""
-    seed: int = 1
-    """Seed of the first run; run i of `num_seeds` uses seed `seed + i`."""
-    num_seeds: int = 1
-    """Independent runs trained together in one vmapped call, each logged as its own run."""
-    log_dir: str = "runs"
-    """TensorBoard runs go to `{log_dir}/{env_id}__{exp_name}__{seed}__{unix_time}`."""
-    live_progress: tyro.conf.Suppress[bool] = False
-    """Python API only: print progress from inside the compiled `train` (jax.debug.callback)."""
-    checkpoint_every: int = 0
-    """Checkpoint every N updates (0: only at the end and on Ctrl-C), to `latest.msgpack` in
-    the first run's log directory (or the file given to `--resume`)."""
-    resume: str | None = None
-    """Continue the run saved in this checkpoint file (or directory), exactly where it
-    stopped; flags not given take the saved run's values."""
-    eval_every: int = 0
-    """Evaluate the learner's deterministic policy (mode of pi) every N updates and at the
-    end (0: never), logged as `eval/episodic_return`."""
-    eval_episodes: int = 10
-    """Episodes per evaluation, each in its own environment."""
-    num_devices: int = 0
-    """Devices to spread the runs over (0: all; for `--parallel seeds`, the most that divide
-    `num_seeds`). On a CPU-only machine the command line makes one XLA device per core."""
-    parallel: Literal["seeds", "data"] = "seeds"
-    """`seeds`: split the `num_seeds` independent runs across the devices (no communication).
-    `data`: train each run on every device, its `num_envs` environments split across them and
-    its gradients averaged (`common/distributed.py`)."""
-    coordinator_address: str | None = None
-    """Several processes or hosts: `HOST:PORT` of process 0, for `jax.distributed.initialize`
-    (default: `JAX_COORDINATOR_ADDRESS`). Each process drives its own devices."""
-    num_processes: int = 1
-    """Number of processes (default: `JAX_NUM_PROCESSES`, else 1)."""
-    process_id: int = 0
-    """This process's index, 0 to num_processes - 1 (default: `JAX_PROCESS_ID`); process 0
-    logs and writes checkpoints."""
-    distributed_timeout: int = 60
-    """Seconds to wait for the other processes to start, and after which a silent (dead)
-    process is declared dead so the others stop with an error."""
 
     # --- environment ---
     env_id: str = "CartPole-v1"
@@ -124,7 +84,7 @@ class Config:
     """Correct for the lag with V-Trace; False uses the uncorrected on-policy actor-critic
     targets on the same data (`log_rhos = 0`), for ablations."""
     optimizer: Literal["rmsprop", "adam"] = "rmsprop"
-    """RMSProp (paper: decay 0.99, momentum 0) or Adam (eps 1e-5)."""
+    """RMSProp (paper: decay 0.99, momentum 0) or Adam."""
     learning_rate: float = 5e-3
     """Learning rate (the start value when annealed). Tuned on CartPole-v1 (the paper's 6e-4
     is for Atari with summed losses): 1e-3 learns too slowly for 1e6 steps, 2e-2 collapsed
@@ -133,9 +93,10 @@ class Config:
     """Anneal the learning rate linearly to 0 over the run (paper: yes)."""
     rms_decay: float = 0.99
     """RMSProp decay of the squared-gradient average (paper: 0.99)."""
-    rms_eps: float = 0.01
-    """RMSProp epsilon, added inside the square root as in TensorFlow's RMSProp, which the
-    paper used (paper, Atari: 0.01; `scalable_agent` defaults to 0.1)."""
+    opt_eps: float = 0.01
+    """Epsilon of the optimiser. RMSProp: added inside the square root as in TensorFlow's
+    RMSProp, which the paper used (paper, Atari: 0.01; `scalable_agent` defaults to 0.1).
+    Adam: added outside it (optax), usually 1e-5."""
     gamma: float = 0.99
     """Discount factor (paper: 0.99)."""
     vtrace_lambda: float = 1.0
@@ -168,25 +129,17 @@ class Config:
     """Torso: `auto` picks the CNN for image observations (MinAtar) and the MLPs otherwise;
     `mlp` flattens images into the MLPs (PureJaxRL's MinAtar baseline, much cheaper on a CPU)."""
 
-    def __post_init__(self):
-        positive = ("num_seeds", "total_timesteps", "num_envs", "num_steps", "num_minibatches",
-                    "update_epochs", "hidden_size", "eval_episodes")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, "
-                                 f"got {getattr(self, name)}.")
-        if self.num_devices < 0 or self.num_processes < 1 or \
-                not 0 <= self.process_id < self.num_processes or self.distributed_timeout < 1:
-            raise ValueError("--num-devices must be >= 0, --num-processes >= 1, --process-id in "
-                             "[0, num_processes) and --distributed-timeout >= 1.")
-        if self.parallel not in ("seeds", "data"):
-            raise ValueError(f"--parallel must be 'seeds' or 'data', got {self.parallel!r}.")
-        for name in ("checkpoint_every", "eval_every"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0: never), got "
-                                 f"{getattr(self, name)}.")
-        if self.actor_lag < 0:
-            raise ValueError(f"--actor-lag must be >= 0, got {self.actor_lag}.")
+    def __post_init__(self):  # plain Python: building a Config starts no JAX backend
+        require(self, "positive_int", "total_timesteps", "num_envs", "num_steps",
+                "num_minibatches", "update_epochs", "hidden_size")
+        require(self, "nonnegative_int", "actor_lag")
+        require(self, "positive", "learning_rate", "max_grad_norm", "opt_eps", "rho_bar",
+                "c_bar", "pg_rho_bar")
+        require(self, "unit", "gamma", "vtrace_lambda", "rms_decay")
+        require(self, "nonnegative", "ent_coef", "vf_coef", "kl_coef")
+        one_of(self, "optimizer", ("rmsprop", "adam"))
+        one_of(self, "activation", ("tanh", "relu"))
+        one_of(self, "network", ("auto", "mlp", "cnn"))
         if self.num_envs % self.num_minibatches:
             raise ValueError(
                 f"--num-envs {self.num_envs} is not divisible by --num-minibatches "
@@ -195,30 +148,7 @@ class Config:
         if self.total_timesteps < self.batch_size:
             raise ValueError(f"--total-timesteps {self.total_timesteps} is less than one "
                              f"batch (num_envs * num_steps = {self.batch_size}).")
-        for name in ("learning_rate", "max_grad_norm", "rms_eps", "rho_bar", "c_bar",
-                     "pg_rho_bar"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be > 0, got "
-                                 f"{getattr(self, name)}.")
-        for name in ("gamma", "vtrace_lambda", "rms_decay"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1], got "
-                                 f"{getattr(self, name)}.")
-        for name in ("ent_coef", "vf_coef", "kl_coef"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got "
-                                 f"{getattr(self, name)}.")
-        if self.optimizer not in ("rmsprop", "adam"):
-            raise ValueError(f"--optimizer must be 'rmsprop' or 'adam', got {self.optimizer!r}.")
-        if self.activation not in ("tanh", "relu"):
-            raise ValueError(f"--activation must be 'tanh' or 'relu', got {self.activation!r}.")
-        if self.network not in ("auto", "mlp", "cnn"):
-            raise ValueError(f"--network must be 'auto', 'mlp' or 'cnn', got {self.network!r}.")
-        _, _, spec = make_env(self.env_id)  # an unknown id fails here, before anything compiles
-        if self.network == "cnn" and not spec.image_obs:
-            raise ValueError(f"--network cnn needs image observations (a MinAtar game), but "
-                             f"{self.env_id} observations have shape {spec.obs_shape}; use "
-                             f"--network mlp (or auto).")
+        check_env_id(self.env_id)
 
     @property
     def batch_size(self) -> int:
@@ -242,7 +172,7 @@ class HParams(NamedTuple):
 
     learning_rate: jax.Array
     rms_decay: jax.Array
-    rms_eps: jax.Array
+    opt_eps: jax.Array
     gamma: jax.Array
     vtrace_lambda: jax.Array
     rho_bar: jax.Array
@@ -270,7 +200,7 @@ class ActorCritic(nn.Module):
     @nn.compact
     def __call__(self, obs):
         act = nn.tanh if self.activation == "tanh" else nn.relu
-        dense = lambda n, scale: nn.Dense(n, kernel_init=orthogonal(scale))  # noqa: E731
+        dense = lambda n, scale: Dense(n, kernel_init=orthogonal(scale))  # noqa: E731
         if self.cnn:
             x = nn.relu(Conv(16, (3, 3), kernel_init=orthogonal(np.sqrt(2)))(obs))
             x = nn.relu(dense(128, np.sqrt(2))(x.reshape(x.shape[:-3] + (-1,))))
@@ -335,20 +265,75 @@ class LossInfo(NamedTuple):
     """Fraction of the rho_t above rho_bar."""
 
 
-def make_train(config: Config):
+# --------------------------------------------------------------------------------------------
+# Loss
+# --------------------------------------------------------------------------------------------
+def impala_loss(log_prob_t, entropy_t, v_t, v_tp1, batch: Transition, hp: "HParams",
+                vtrace_correction: bool = True):
+    r"""The V-Trace actor-critic loss of a batch of trajectories (Sec. 4.2), means over [T, B]:
+
+        rho_t = pi(a_t|s_t) / mu(a_t|s_t)
+        vs_t, A_t = vtrace(log rho_t, r_t, V(s_t), V(s'_t), ...)      (`common/vtrace.py`)
+        L = -mean[A_t log pi(a_t|s_t)] + vf_coef 0.5 mean[(vs_t - V(s_t))^2]
+            - ent_coef mean[H_t] + kl_coef mean[k3(rho_t)]
+
+    `vs_t` and `A_t` are targets: the gradient reaches pi through `log_prob_t` and V through
+    `v_t` in the squared error. k3(rho) = rho - 1 - log rho estimates KL(mu || pi) from mu's
+    samples (Schulman, http://joschu.net/blog/kl-approx.html), the log-ratio capped at 20 so an
+    extreme ratio cannot overflow (and `kl_coef = 0` times inf turn the gradients NaN).
+
+    Args:
+      log_prob_t, entropy_t, v_t, v_tp1: log pi(a_t|s_t), H(pi(.|s_t)), V(s_t) and V(s'_t)
+        under the learner's parameters, [T, B] (`v_tp1` of the observation before any reset).
+      batch: the `Transition`s (reward, terminated, truncated, behaviour_log_prob), [T, B].
+      hp: the `HParams` (gamma, vtrace_lambda, rho_bar, c_bar, pg_rho_bar and coefficients).
+      vtrace_correction: False drops the correction (log rho = 0 in the targets, the
+        paper's "no-correction" baseline) and keeps the rest.
+
+    Returns:
+      `(loss, LossInfo)`, scalars.
+    """
+    log_rho_t = log_prob_t - batch.behaviour_log_prob
+    vs_t, pg_advantage_t = vtrace(
+        log_rho_t if vtrace_correction else jnp.zeros_like(log_rho_t), batch.reward, v_t,
+        v_tp1, batch.terminated, batch.truncated, hp.gamma, lambda_=hp.vtrace_lambda,
+        rho_bar=hp.rho_bar, c_bar=hp.c_bar, pg_rho_bar=hp.pg_rho_bar)
+    policy_loss = -(pg_advantage_t * log_prob_t).mean()
+    value_loss = 0.5 * jnp.square(vs_t - v_t).mean()
+    entropy = entropy_t.mean()
+    capped = jnp.minimum(log_rho_t, 20.0)
+    kl = (jnp.exp(capped) - 1.0 - capped).mean()
+    loss = policy_loss + hp.vf_coef * value_loss - hp.ent_coef * entropy + hp.kl_coef * kl
+    rho_t = jnp.exp(lax.stop_gradient(log_rho_t))
+    info = LossInfo(
+        value_loss, policy_loss, entropy, lax.stop_gradient(kl),
+        1.0 - distributed.mean_var(vs_t - lax.stop_gradient(v_t))[1]
+        / distributed.mean_var(vs_t)[1],
+        jnp.minimum(hp.rho_bar, rho_t).mean(),
+        (rho_t > hp.rho_bar).astype(jnp.float32).mean())
+    return loss, info
+
+
+# --------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------
+def make_train(config: Config, live_progress: bool = False):
     """Build `train(key, hparams=None) -> (TrainState, metrics)`, jittable and vmappable.
 
     `metrics` maps names to arrays with one row per update (leading axis `num_updates`).
+    `live_progress`: print progress from inside the compiled `train` (`jax.debug.callback`;
+    call `train.progress.close()` afterwards for the last line).
+    Raises `ValueError` for a network the environment cannot take, before anything compiles.
     """
-    unroll_threefry_on_cpu()  # speed only, the same random bits: common/prng.py
     env, env_params, spec = make_env(config.env_id)
+    if config.network == "cnn" and not spec.image_obs:
+        raise ValueError(f"--network cnn needs image observations (a MinAtar game), but "
+                         f"{config.env_id} observations have shape {spec.obs_shape}; use "
+                         f"--network mlp (or auto).")
     cnn = config.network == "cnn" or (config.network == "auto" and spec.image_obs)
     network = ActorCritic(spec, config.hidden_size, config.activation, cnn)
     num_updates, batch_size, lag = config.num_updates, config.batch_size, config.actor_lag
     envs_per_minibatch = config.num_envs // config.num_minibatches
-    report_every = max(1, num_updates // 50)
-    progress = logger.Progress(f"impala {config.env_id}", num_updates * batch_size) \
-        if config.live_progress else None
 
     def learning_rate(hp: HParams, update):
         if config.anneal_lr:
@@ -363,9 +348,9 @@ def make_train(config: Config):
             # TensorFlow's RMSProp as in the paper: v = decay v + (1 - decay) g^2, step
             # lr g / sqrt(v + eps), no momentum, no centring. The accumulator starts at 0 (TF1
             # started it at 1, which slowed early learning on CartPole).
-            step = optax.rmsprop(lr, decay=hp.rms_decay, eps=hp.rms_eps, eps_in_sqrt=True)
+            step = optax.rmsprop(lr, decay=hp.rms_decay, eps=hp.opt_eps, eps_in_sqrt=True)
         else:
-            step = optax.adam(lr, eps=1e-5)
+            step = optax.adam(lr, eps=hp.opt_eps)
         return optax.chain(optax.clip_by_global_norm(hp.max_grad_norm), step)
 
     def loss_fn(params, hp: HParams, obs_stats, batch: Transition):
@@ -373,30 +358,8 @@ def make_train(config: Config):
             else (lambda obs: obs)
         pi, v_t = network.apply(params, norm(batch.obs))
         _, v_tp1 = network.apply(params, norm(batch.next_obs))
-        log_prob_t = pi.log_prob(batch.action)
-        log_rho_t = log_prob_t - batch.behaviour_log_prob
-        # V-TRACE targets and advantages from the learner's current critic (Sec. 4.1-4.2);
-        # both are targets, so the gradient reaches pi through log_prob_t and V through v_t.
-        vs_t, pg_advantage_t = vtrace(
-            log_rho_t if config.vtrace else jnp.zeros_like(log_rho_t), batch.reward, v_t, v_tp1,
-            batch.terminated, batch.truncated, hp.gamma, lambda_=hp.vtrace_lambda,
-            rho_bar=hp.rho_bar, c_bar=hp.c_bar, pg_rho_bar=hp.pg_rho_bar)
-        policy_loss = -(pg_advantage_t * log_prob_t).mean()
-        value_loss = 0.5 * jnp.square(vs_t - v_t).mean()
-        entropy = pi.entropy().mean()
-        # k3 estimate of KL(mu || pi) from mu's samples; the log-ratio is capped so that an
-        # extreme ratio cannot overflow (and turn kl_coef = 0 times inf into NaN gradients).
-        capped = jnp.minimum(log_rho_t, 20.0)
-        kl = (jnp.exp(capped) - 1.0 - capped).mean()
-        loss = policy_loss + hp.vf_coef * value_loss - hp.ent_coef * entropy + hp.kl_coef * kl
-        rho_t = jnp.exp(lax.stop_gradient(log_rho_t))
-        info = LossInfo(
-            value_loss, policy_loss, entropy, lax.stop_gradient(kl),
-            1.0 - distributed.mean_var(vs_t - lax.stop_gradient(v_t))[1]
-            / distributed.mean_var(vs_t)[1],
-            jnp.minimum(hp.rho_bar, rho_t).mean(),
-            (rho_t > hp.rho_bar).astype(jnp.float32).mean())
-        return loss, info
+        return impala_loss(pi.log_prob(batch.action), pi.entropy(), v_t, v_tp1, batch,
+                           hp, vtrace_correction=config.vtrace)
 
     def init(key, hparams: HParams | None = None) -> TrainState:
         """Fresh parameters, optimiser state and environments for one run."""
@@ -443,7 +406,7 @@ def make_train(config: Config):
                 updates, opt_state = optimizer.update(grads, opt_state, params)
                 return (optax.apply_updates(params, updates), opt_state), info
 
-            order = jax.random.permutation(key, config.num_envs)
+            order = permutation(key, config.num_envs)
             batches = jax.tree.map(  # [T, num_envs, ...] -> [minibatch, T, envs_per_mb, ...]
                 lambda x: jnp.swapaxes(x[:, order].reshape(
                     (config.num_steps, config.num_minibatches, envs_per_minibatch) + x.shape[2:]),
@@ -497,8 +460,8 @@ def make_train(config: Config):
             **jax.tree.map(lambda x: x.mean(), info)._asdict(),
         }
         if progress is not None:
-            logger.report_progress(progress, update, num_updates, report_every,
-                                   metrics["global_step"], metrics["episodic_return"])
+            progress.report_from_jit(update, num_updates, metrics["global_step"],
+                                     metrics["episodic_return"])
         return TrainState(params, past_params, opt_state, obs_stats, env_state, key), metrics
 
     def act(state: TrainState, obs):
@@ -516,18 +479,21 @@ def make_train(config: Config):
         """The whole run in one call: `(final TrainState, metrics)`."""
         return run_updates(init(key, hparams), hparams, jnp.arange(num_updates))
 
-    # The pieces, for callers that run the updates in chunks (the CLI, checkpointing), the
-    # evaluation policy, and the host-side printer of `live_progress` (call
-    # `train.progress.close()` for its last line).
-    train.init, train.run_updates, train.act, train.progress = init, run_updates, act, progress
-    train.learn = learn
+    progress = None
+    if live_progress:  # host-side printer, imported only when asked for
+        from common.host.logger import Progress
+        progress = Progress(f"impala {config.env_id}", num_updates * batch_size)
+    # The pieces, for callers that run the updates in chunks (the command line, checkpoints).
+    train.init, train.run_updates, train.learn, train.act = init, run_updates, learn, act
+    train.progress = progress
     return train
 
 
 def main(argv=None):
-    """Command line: parse a Config, train `num_seeds` runs together, log each to TensorBoard."""
-    config = cli.parse_config(Config, argv)
-    return cli.train_and_log("IMPALA", config, make_train(config))
+    """Command line: the run options of `common/host/options.py` and this file's `Config`."""
+    from common.host import cli  # the host side, only for the command line
+
+    return cli.main("impala", Config, make_train, argv)
 
 
 if __name__ == "__main__":

@@ -16,21 +16,15 @@ al. (2022), "The 37 Implementation Details of PPO" (ICLR blog track), and matchi
   a terminal state (Pardo et al. 2018, arXiv:1712.00378) -- see `common/gae.py`;
 - optional early stop of an update's epochs when the approximate KL exceeds `target_kl`.
 
-Four pieces are there only for speed on CPU and change no equation: `Dense`
-(`common/dense.py`, `nn.Dense` with a weight gradient XLA:CPU runs on its fast kernels); the
-minibatch loop of `learn` (the parameters carried as their matrices plus one vector of biases,
-`common/params.py`, the optimiser on one flat vector, the learning rate set once per update);
-`shuffled_minibatches` (`common/minibatch.py`, a faster sort for the same kind of
-permutation); and `unroll_threefry_on_cpu` (`common/prng.py`, the same random bits without a
-loop). The shared rollout runs its scan packed (`common/scan.py`) for the same reason.
-
-Use it from the command line, `python algos/ppo.py --env-id CartPole-v1 --num-seeds 4` (on
-every core: `--num-devices`, `--parallel seeds|data`, `--coordinator-address`; README, "Scaling
-out"), or from Python:
+From Python (needs only `common/` modules `envs`, `rollout`, `scan`, `gae`, `normalize`,
+`distributed`, `nn`, `minibatch` and `validate`; `docs/copying.md`):
 
     train = make_train(Config(env_id="CartPole-v1"))
     state, metrics = jax.jit(train)(jax.random.PRNGKey(0))
     states, metrics = jax.jit(jax.vmap(train))(jax.random.split(key, 16))   # 16 seeds
+
+From the command line (`common/host/`: seeds, logging, checkpoints, devices; README):
+`python algos/ppo.py --env-id CartPole-v1 --num-seeds 4`.
 """
 
 import dataclasses
@@ -42,66 +36,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import tyro
 from jax import lax
 
-from common import cli, distributed, logger, normalize
-from common.conv import Conv
-from common.dense import Dense
+from common import distributed, normalize
 from common.distributed import pmean
-from common.envs import EnvSpec, make_env
+from common.envs import EnvSpec, check_env_id, make_env
 from common.gae import gae
-from common.init import orthogonal
 from common.minibatch import shuffled_minibatches
-from common.params import carry_form
-from common.prng import unroll_threefry_on_cpu
+from common.nn import Conv, Dense, orthogonal
 from common.rollout import EnvState, finished_episode_stats, reset, rollout
+from common.scan import packed_scan
+from common.validate import one_of, optional_positive, require
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
     """PPO hyperparameters. Defaults: CleanRL's `ppo.py` / PureJaxRL's CartPole config."""
-
-    # --- run ---
-    exp_name: str = "ppo"
-    """Experiment name, part of the run directory name."""
-    seed: int = 1
-    """Seed of the first run; run i of `num_seeds` uses seed `seed + i`."""
-    num_seeds: int = 1
-    """Independent runs trained together in one vmapped call, each logged as its own run."""
-    log_dir: str = "runs"
-    """TensorBoard runs go to `{log_dir}/{env_id}__{exp_name}__{seed}__{unix_time}`."""
-    live_progress: tyro.conf.Suppress[bool] = False
-    """Python API only: print progress from inside the compiled `train` (jax.debug.callback)."""
-    checkpoint_every: int = 0
-    """Checkpoint every N updates (0: only at the end and on Ctrl-C), to `latest.msgpack` in
-    the first run's log directory (or the file given to `--resume`)."""
-    resume: str | None = None
-    """Continue the run saved in this checkpoint file (or directory), exactly where it
-    stopped; flags not given take the saved run's values."""
-    eval_every: int = 0
-    """Evaluate the deterministic policy (mode of pi) every N updates and at the end
-    (0: never), logged as `eval/episodic_return`."""
-    eval_episodes: int = 10
-    """Episodes per evaluation, each in its own environment."""
-    num_devices: int = 0
-    """Devices to spread the runs over (0: all; for `--parallel seeds`, the most that divide
-    `num_seeds`). On a CPU-only machine the command line makes one XLA device per core."""
-    parallel: Literal["seeds", "data"] = "seeds"
-    """`seeds`: split the `num_seeds` independent runs across the devices (no communication).
-    `data`: train each run on every device, its `num_envs` environments split across them and
-    its gradients averaged (`common/distributed.py`)."""
-    coordinator_address: str | None = None
-    """Several processes or hosts: `HOST:PORT` of process 0, for `jax.distributed.initialize`
-    (default: `JAX_COORDINATOR_ADDRESS`). Each process drives its own devices."""
-    num_processes: int = 1
-    """Number of processes (default: `JAX_NUM_PROCESSES`, else 1)."""
-    process_id: int = 0
-    """This process's index, 0 to num_processes - 1 (default: `JAX_PROCESS_ID`); process 0
-    logs and writes checkpoints."""
-    distributed_timeout: int = 60
-    """Seconds to wait for the other processes to start, and after which a silent (dead)
-    process is declared dead so the others stop with an error."""
 
     # --- environment ---
     env_id: str = "CartPole-v1"
@@ -120,6 +70,8 @@ class Config:
     """Adam learning rate (the start value when annealed)."""
     anneal_lr: bool = True
     """Anneal the learning rate linearly to 0 over the run."""
+    opt_eps: float = 1e-5
+    """Adam's epsilon (CleanRL: 1e-5)."""
     gamma: float = 0.99
     """Discount factor."""
     gae_lambda: float = 0.95
@@ -152,23 +104,15 @@ class Config:
     """Torso: `auto` picks the CNN for image observations (MinAtar) and the MLPs otherwise;
     `mlp` flattens images into the MLPs (PureJaxRL's MinAtar baseline, much cheaper on a CPU)."""
 
-    def __post_init__(self):
-        positive = ("num_seeds", "total_timesteps", "num_envs", "num_steps", "num_minibatches",
-                    "update_epochs", "hidden_size", "eval_episodes")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, "
-                                 f"got {getattr(self, name)}.")
-        if self.num_devices < 0 or self.num_processes < 1 or \
-                not 0 <= self.process_id < self.num_processes or self.distributed_timeout < 1:
-            raise ValueError("--num-devices must be >= 0, --num-processes >= 1, --process-id in "
-                             "[0, num_processes) and --distributed-timeout >= 1.")
-        if self.parallel not in ("seeds", "data"):
-            raise ValueError(f"--parallel must be 'seeds' or 'data', got {self.parallel!r}.")
-        for name in ("checkpoint_every", "eval_every"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0: never), got "
-                                 f"{getattr(self, name)}.")
+    def __post_init__(self):  # plain Python: building a Config starts no JAX backend
+        require(self, "positive_int", "total_timesteps", "num_envs", "num_steps",
+                "num_minibatches", "update_epochs", "hidden_size")
+        require(self, "positive", "learning_rate", "opt_eps", "max_grad_norm", "clip_coef")
+        require(self, "unit", "gamma", "gae_lambda")
+        require(self, "nonnegative", "ent_coef", "vf_coef")
+        optional_positive(self, "target_kl")
+        one_of(self, "activation", ("tanh", "relu"))
+        one_of(self, "network", ("auto", "mlp", "cnn"))
         if self.batch_size % self.num_minibatches:
             raise ValueError(
                 f"num_envs * num_steps = {self.batch_size} is not divisible by "
@@ -176,27 +120,7 @@ class Config:
         if self.total_timesteps < self.batch_size:
             raise ValueError(f"--total-timesteps {self.total_timesteps} is less than one "
                              f"rollout (num_envs * num_steps = {self.batch_size}).")
-        for name in ("learning_rate", "max_grad_norm", "clip_coef"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be > 0, got "
-                                 f"{getattr(self, name)}.")
-        for name in ("gamma", "gae_lambda"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1], got "
-                                 f"{getattr(self, name)}.")
-        for name in ("ent_coef", "vf_coef"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got "
-                                 f"{getattr(self, name)}.")
-        if self.target_kl is not None and not self.target_kl > 0:
-            raise ValueError(f"--target-kl must be > 0 (or None), got {self.target_kl}.")
-        if self.network not in ("auto", "mlp", "cnn"):
-            raise ValueError(f"--network must be 'auto', 'mlp' or 'cnn', got {self.network!r}.")
-        _, _, spec = make_env(self.env_id)  # an unknown id fails here, before anything compiles
-        if self.network == "cnn" and not spec.image_obs:
-            raise ValueError(f"--network cnn needs image observations (a MinAtar game), but "
-                             f"{self.env_id} observations have shape {spec.obs_shape}; use "
-                             f"--network mlp (or auto).")
+        check_env_id(self.env_id)
 
     @property
     def batch_size(self) -> int:
@@ -223,6 +147,7 @@ class HParams(NamedTuple):
     """
 
     learning_rate: jax.Array
+    opt_eps: jax.Array
     gamma: jax.Array
     gae_lambda: jax.Array
     clip_coef: jax.Array
@@ -281,9 +206,12 @@ class Transition(NamedTuple):
     obs: jax.Array
     action: jax.Array
     log_prob: jax.Array
+    """log pi_old(a|s), recorded when acting."""
     value: jax.Array
+    """V_old(s), recorded when acting."""
     advantage: jax.Array
     ret: jax.Array
+    """The GAE return target, advantage + value."""
 
 
 class TrainState(NamedTuple):
@@ -304,19 +232,73 @@ class LossInfo(NamedTuple):
     clipfrac: jax.Array
 
 
-def make_train(config: Config):
+# --------------------------------------------------------------------------------------------
+# Loss
+# --------------------------------------------------------------------------------------------
+def ppo_loss(log_prob, entropy, value, batch: Transition, *, clip_coef, ent_coef, vf_coef,
+             norm_adv: bool = True, clip_vloss: bool = True):
+    r"""The PPO loss of one minibatch (paper eq. 9, as a loss to minimise):
+
+        r = pi(a|s) / pi_old(a|s),   A = the advantages (normalised if `norm_adv`)
+        L^CLIP = mean[ max(-A r, -A clip(r, 1 - eps, 1 + eps)) ]
+        L^VF   = 0.5 mean[ max((V - G)^2, (V_old + clip(V - V_old, -eps, eps) - G)^2) ]
+                 (plain 0.5 mean[(V - G)^2] without `clip_vloss`)
+        L = L^CLIP + vf_coef L^VF - ent_coef mean[H]
+
+    Args:
+      log_prob, entropy, value: log pi(a|s), H(pi(.|s)) and V(s) under the parameters being
+        trained, one per sample [B].
+      batch: the samples' `Transition`s (old log-probabilities and values, advantages and
+        returns), every field [B, ...].
+      clip_coef, ent_coef, vf_coef: eps and the coefficients (Python floats or traced).
+      norm_adv: normalise the advantages to mean 0, std 1 over the minibatch (across the
+        devices of a data-parallel run).
+
+    Returns:
+      `(loss, LossInfo)`, scalars; `approx_kl` is Schulman's k3 estimator of KL(pi_old || pi)
+      (http://joschu.net/blog/kl-approx.html), `clipfrac` the fraction of |r - 1| > eps.
+    """
+    log_ratio = log_prob - batch.log_prob
+    ratio = jnp.exp(log_ratio)
+    advantage = batch.advantage
+    if norm_adv:
+        mean, var = distributed.mean_var(advantage)
+        advantage = (advantage - mean) / (jnp.sqrt(var) + 1e-8)
+    policy_loss = jnp.maximum(-advantage * ratio,
+                              -advantage * jnp.clip(ratio, 1.0 - clip_coef, 1.0 + clip_coef)).mean()
+    if clip_vloss:
+        value_clipped = batch.value + jnp.clip(value - batch.value, -clip_coef, clip_coef)
+        value_loss = 0.5 * jnp.maximum(jnp.square(value - batch.ret),
+                                       jnp.square(value_clipped - batch.ret)).mean()
+    else:
+        value_loss = 0.5 * jnp.square(value - batch.ret).mean()
+    entropy = entropy.mean()
+    loss = policy_loss - ent_coef * entropy + vf_coef * value_loss
+    approx_kl = ((ratio - 1.0) - log_ratio).mean()
+    clipfrac = (jnp.abs(ratio - 1.0) > clip_coef).astype(jnp.float32).mean()
+    return loss, LossInfo(value_loss, policy_loss, entropy, lax.stop_gradient(approx_kl),
+                          clipfrac)
+
+
+# --------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------
+def make_train(config: Config, live_progress: bool = False):
     """Build `train(key, hparams=None) -> (TrainState, metrics)`, jittable and vmappable.
 
     `metrics` maps names to arrays with one row per update (leading axis `num_updates`).
+    `live_progress`: print progress from inside the compiled `train` (`jax.debug.callback`;
+    call `train.progress.close()` afterwards for the last line).
+    Raises `ValueError` for a network the environment cannot take, before anything compiles.
     """
-    unroll_threefry_on_cpu()  # speed only, the same random bits: common/prng.py
     env, env_params, spec = make_env(config.env_id)
+    if config.network == "cnn" and not spec.image_obs:
+        raise ValueError(f"--network cnn needs image observations (a MinAtar game), but "
+                         f"{config.env_id} observations have shape {spec.obs_shape}; use "
+                         f"--network mlp (or auto).")
     cnn = config.network == "cnn" or (config.network == "auto" and spec.image_obs)
     network = ActorCritic(spec, config.hidden_size, config.activation, cnn)
     num_updates, batch_size = config.num_updates, config.batch_size
-    report_every = max(1, num_updates // 50)
-    progress = logger.Progress(f"ppo {config.env_id}", num_updates * batch_size) \
-        if config.live_progress else None
 
     def learning_rate(hp: HParams, update):
         if config.anneal_lr:
@@ -324,38 +306,19 @@ def make_train(config: Config):
         return hp.learning_rate
 
     def make_optimizer(hp: HParams, lr):
-        """Global-norm gradient clipping, then Adam (eps 1e-5) with step size `lr`."""
-        return optax.chain(optax.clip_by_global_norm(hp.max_grad_norm),
-                           optax.adam(lr, eps=1e-5))
+        """Global-norm gradient clipping, then Adam with step size `lr`. (`optax.flatten` runs
+        them on one vector, the same numbers in fewer kernels: faster on CPU. A
+        transformation that looks at the parameters' tree, such as `optax.masked`, goes
+        outside it.)"""
+        return optax.flatten(optax.chain(optax.clip_by_global_norm(hp.max_grad_norm),
+                                         optax.adam(lr, eps=hp.opt_eps)))
 
     def loss_fn(params, hp: HParams, obs_stats, batch: Transition):
         obs = normalize.normalize(obs_stats, batch.obs) if config.normalize_obs else batch.obs
         pi, value = network.apply(params, obs)
-        log_prob = pi.log_prob(batch.action)
-        log_ratio = log_prob - batch.log_prob
-        ratio = jnp.exp(log_ratio)
-        advantage = batch.advantage
-        if config.norm_adv:  # over the whole minibatch, across devices in data-parallel runs
-            mean, var = distributed.mean_var(advantage)
-            advantage = (advantage - mean) / (jnp.sqrt(var) + 1e-8)
-        # Clipped surrogate objective, L^CLIP (paper eq. 7), as a loss to minimise.
-        policy_loss = jnp.maximum(
-            -advantage * ratio,
-            -advantage * jnp.clip(ratio, 1.0 - hp.clip_coef, 1.0 + hp.clip_coef)).mean()
-        # Value loss, optionally clipped around the rollout's values.
-        if config.clip_vloss:
-            value_clipped = batch.value + jnp.clip(value - batch.value, -hp.clip_coef, hp.clip_coef)
-            value_loss = 0.5 * jnp.maximum(jnp.square(value - batch.ret),
-                                           jnp.square(value_clipped - batch.ret)).mean()
-        else:
-            value_loss = 0.5 * jnp.square(value - batch.ret).mean()
-        entropy = pi.entropy().mean()
-        loss = policy_loss - hp.ent_coef * entropy + hp.vf_coef * value_loss
-        # Diagnostics (Schulman's k3 KL estimator, http://joschu.net/blog/kl-approx.html).
-        approx_kl = ((ratio - 1.0) - log_ratio).mean()
-        clipfrac = (jnp.abs(ratio - 1.0) > hp.clip_coef).astype(jnp.float32).mean()
-        return loss, LossInfo(value_loss, policy_loss, entropy, lax.stop_gradient(approx_kl),
-                              clipfrac)
+        return ppo_loss(pi.log_prob(batch.action), pi.entropy(), value, batch,
+                        clip_coef=hp.clip_coef, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef,
+                        norm_adv=config.norm_adv, clip_vloss=config.clip_vloss)
 
     def local_num_envs():
         """This device's environments: `num_envs` split across the devices of `DATA_AXIS`."""
@@ -372,9 +335,8 @@ def make_train(config: Config):
         hp = config.hparams() if hparams is None else hparams
         key, key_net, key_env = jax.random.split(key, 3)
         params = network.init(key_net, jnp.zeros((1,) + spec.obs_shape, jnp.float32))
-        form = carry_form(params)  # the optimiser's state is for one flat vector (see `learn`)
-        opt_state = make_optimizer(hp, hp.learning_rate).init(form.ravel(form.to_carry(params)))
-        return TrainState(params, opt_state, normalize.init(spec.obs_shape),
+        return TrainState(params, make_optimizer(hp, hp.learning_rate).init(params),
+                          normalize.init(spec.obs_shape),
                           reset(env, env_params, distributed.fold_in_device(key_env),
                                 local_num_envs()), key)
 
@@ -385,31 +347,26 @@ def make_train(config: Config):
         Every device shuffles the same batch with the same key; in data-parallel runs each
         computes the gradient of its 1/D share of every minibatch and `pmean` averages them,
         so the result does not depend on the number of devices.
-        The epochs carry the parameters as their matrices plus one vector of all the biases,
-        and clipping, Adam and the step run on them as one flat vector (`common/params.py`).
-        (Speed only: XLA:CPU then never has more than 8 kernels ready at once in a minibatch,
-        and does not hand half of them to another thread, which on two cores had cost the
-        run about a third of its speed; README, "Against PureJaxRL".)
         Returns `(params, opt_state, info, ran)`: `info` per epoch and minibatch, `ran` 1.0 for
         the epochs that ran (0.0 after a KL early stop).
         """
         optimizer = make_optimizer(hp, learning_rate(hp, update))
-        form = carry_form(state.params)
 
         def epoch(carry, key):
             params, opt_state, stopped = carry
 
             def minibatch(carry, batch: Transition):
                 params, opt_state = carry
-                grads, info = jax.grad(lambda p: loss_fn(
-                    form.to_params(p), hp, state.obs_stats, distributed.device_share(batch)),
-                    has_aux=True)(params)
+                grads, info = jax.grad(loss_fn, has_aux=True)(
+                    params, hp, state.obs_stats, distributed.device_share(batch))
                 grads, info = pmean((grads, info))  # data-parallel: average over devices
-                updates, opt_state = optimizer.update(form.ravel(grads), opt_state)
-                return (optax.apply_updates(params, form.unravel(updates)), opt_state), info
+                updates, opt_state = optimizer.update(grads, opt_state, params)
+                return (optax.apply_updates(params, updates), opt_state), info
 
             batches = shuffled_minibatches(key, data, config.num_minibatches)
-            (new_params, new_opt_state), info = lax.scan(minibatch, (params, opt_state), batches)
+            # = lax.scan(minibatch, ...), its carry packed while it runs (speed on CPU only)
+            (new_params, new_opt_state), info = packed_scan(
+                minibatch, (params, opt_state), batches, matrices_apart=True)
             if config.target_kl is None:
                 return (new_params, new_opt_state, stopped), (info, jnp.float32(1))
             # KL early stop: once an epoch ends above target_kl, skip the remaining ones.
@@ -421,9 +378,9 @@ def make_train(config: Config):
             return (params, opt_state, stopped), (info, ran)
 
         (params, opt_state, _), (info, ran) = lax.scan(
-            epoch, (form.to_carry(state.params), state.opt_state, jnp.bool_(False)),
+            epoch, (state.params, state.opt_state, jnp.bool_(False)),
             jax.random.split(key, config.update_epochs))
-        return form.to_params(params), opt_state, info, ran
+        return params, opt_state, info, ran
 
     def update_step(state: TrainState, hp: HParams, update):
         """One PPO iteration: collect a rollout, compute GAE, run the epochs of minibatch SGD."""
@@ -473,8 +430,8 @@ def make_train(config: Config):
             "explained_variance": 1.0 - jnp.var(data.ret - data.value) / jnp.var(data.ret),
         }
         if progress is not None:
-            logger.report_progress(progress, update, num_updates, report_every,
-                                   metrics["global_step"], metrics["episodic_return"])
+            progress.report_from_jit(update, num_updates, metrics["global_step"],
+                                     metrics["episodic_return"])
         return TrainState(params, opt_state, obs_stats, env_state, key), metrics
 
     def act(state: TrainState, obs):
@@ -492,18 +449,21 @@ def make_train(config: Config):
         """The whole run in one call: `(final TrainState, metrics)`."""
         return run_updates(init(key, hparams), hparams, jnp.arange(num_updates))
 
-    # The pieces, for callers that run the updates in chunks (the CLI, checkpointing), the
-    # evaluation policy, and the host-side printer of `live_progress` (call
-    # `train.progress.close()` for its last line).
-    train.init, train.run_updates, train.act, train.progress = init, run_updates, act, progress
-    train.learn = learn
+    progress = None
+    if live_progress:  # host-side printer, imported only when asked for
+        from common.host.logger import Progress
+        progress = Progress(f"ppo {config.env_id}", num_updates * batch_size)
+    # The pieces, for callers that run the updates in chunks (the command line, checkpoints).
+    train.init, train.run_updates, train.learn, train.act = init, run_updates, learn, act
+    train.progress = progress
     return train
 
 
 def main(argv=None):
-    """Command line: parse a Config, train `num_seeds` runs together, log each to TensorBoard."""
-    config = cli.parse_config(Config, argv)
-    return cli.train_and_log("PPO", config, make_train(config))
+    """Command line: the run options of `common/host/options.py` and this file's `Config`."""
+    from common.host import cli  # the host side, only for the command line
+
+    return cli.main("ppo", Config, make_train, argv)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ CONFIGS = {
     # 1e-3}, 1e6 steps): gamma 0.9, lr 1e-3 reached -210 and -185; Adam 3e-4 with 32 envs x
     # 20 steps and 2 epochs x 4 minibatches stayed at random (-1219 over 8 seeds, 2e6 steps).
     ("impala", "Pendulum-v1"): dict(total_timesteps=2_000_000, num_envs=8, num_steps=8,
-                                    learning_rate=1e-3, rms_eps=1e-5, gamma=0.9,
+                                    learning_rate=1e-3, opt_eps=1e-5, gamma=0.9,
                                     vtrace_lambda=0.9, vf_coef=0.4, ent_coef=0.0,
                                     normalize_obs=True),
     # IMPALA on MountainCarContinuous: the same small batches, RMSprop 1e-3 with eps 1e-5,
@@ -65,7 +65,7 @@ CONFIGS = {
     # with 2 epochs x 4 minibatches of 32 envs x 20 steps gave 14 +- 51 over 8 seeds).
     ("impala", "MountainCarContinuous-v0"): dict(total_timesteps=2_000_000, num_envs=8,
                                                  num_steps=8, learning_rate=1e-3,
-                                                 rms_eps=1e-5, ent_coef=0.0,
+                                                 opt_eps=1e-5, ent_coef=0.0,
                                                  normalize_obs=True),
 }
 for _game in MINATAR:
@@ -78,8 +78,8 @@ for _game in MINATAR:
     # (the best of four settings tried on Breakout, README; the CartPole-tuned defaults
     # reached 2.2 there).
     CONFIGS[("impala", _game)] = dict(total_timesteps=10_000_000, num_envs=64,
-                                      optimizer="adam", learning_rate=3e-4, num_minibatches=4,
-                                      update_epochs=2)
+                                      optimizer="adam", learning_rate=3e-4, opt_eps=1e-5,
+                                      num_minibatches=4, update_epochs=2)
 
 VARIANTS = {
     # MinAtar on this project's 2-core CPU: the CNN runs at about 4k SPS for one seed there

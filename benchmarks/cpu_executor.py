@@ -33,6 +33,8 @@ COMPILE = """
 import importlib, sys
 sys.path.insert(0, {root!r})
 import jax
+from common.host.prng import unroll_threefry_on_cpu
+unroll_threefry_on_cpu()
 module = importlib.import_module("algos.{algo}")
 config = module.Config(env_id={env_id!r})
 train = module.make_train(config)

@@ -20,7 +20,7 @@ from benchmarks.plot import smooth  # noqa: E402
 
 def run(args):
     from benchmarks.learning import run_cell
-    from common.logger import final_return
+    from common.host.logger import final_return
 
     cells = []
     for lag in map(int, args.lags.split(",")):

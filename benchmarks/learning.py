@@ -24,7 +24,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks.configs import VARIANTS, settings, source_commit  # noqa: E402
-from common.logger import final_return, seed_keys  # noqa: E402
+from common.host.logger import final_return, seed_keys  # noqa: E402
+from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
 
 
 def run_cell(algo: str, env_id: str, seeds: int, total_timesteps=None, seed: int = 1,
@@ -33,7 +34,8 @@ def run_cell(algo: str, env_id: str, seeds: int, total_timesteps=None, seed: int
     cell = {**settings(algo, env_id, variant), **overrides}
     if total_timesteps is not None:
         cell["total_timesteps"] = total_timesteps
-    config = module.Config(env_id=env_id, seed=seed, num_seeds=seeds, **cell)
+    config = module.Config(env_id=env_id, **cell)
+    unroll_threefry_on_cpu()  # as the command line does: the same random bits, faster on CPU
     keys = seed_keys(seed, seeds)
     start = time.perf_counter()
     train = jax.jit(jax.vmap(module.make_train(config))).lower(keys).compile()

@@ -32,7 +32,10 @@ def measure(algo, env_id, seeds, repeats, total_timesteps, num_envs, updates, va
 
     sys.path.insert(0, ROOT)
     from benchmarks.configs import settings as cell_settings
-    from common.logger import seed_keys
+    from common.host.logger import seed_keys
+    from common.host.prng import unroll_threefry_on_cpu
+
+    unroll_threefry_on_cpu()  # as the command line does: the same random bits, faster on CPU
 
     module = importlib.import_module(f"algos.{algo}")
     settings = cell_settings(algo, env_id, variant)

@@ -41,8 +41,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from algos.ppo import Config, make_train  # noqa: E402
 from benchmarks.configs import source_commit  # noqa: E402
-from common.logger import final_return  # noqa: E402
-from common.prng import unroll_threefry_on_cpu  # noqa: E402
+from common.host.logger import final_return  # noqa: E402
+from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
 
 
 class OldStepApi:
@@ -106,8 +106,8 @@ def main():
         "ENV_NAME": config.env_id, "ANNEAL_LR": config.anneal_lr, "DEBUG": False,
     }
     keys = jax.random.split(jax.random.PRNGKey(0), args.seeds)
-    # Our make_train lowers Threefry without its CPU loop (common/prng.py, the same bits), for
-    # every program compiled after it in this process; PureJaxRL as shipped uses JAX's default.
+    # Ours runs as our command line does, with Threefry lowered without its CPU loop
+    # (common/host/prng.py, the same bits); PureJaxRL as shipped uses JAX's default.
     # "purejaxrl+unrolled" is PureJaxRL compiled with our lowering, to show what that part buys.
     runners = {
         "ours": (make_train(config), True),

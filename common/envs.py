@@ -2,10 +2,15 @@
 
 gymnax is imported inside `make_env`, not at the top: importing gymnax creates JAX arrays and
 so starts the XLA backend, after which the number of CPU devices and `jax.distributed` can no
-longer be set (`common/cli.py` sets them first).
+longer be set (`common/host/cli.py` sets them first). `check_env_id` knows every gymnax id
+without importing gymnax, so a config can refuse an unknown id without starting JAX.
 """
 
+import ast
 import difflib
+import importlib.util
+import os
+import sys
 from typing import NamedTuple
 
 import jax.numpy as jnp
@@ -31,22 +36,43 @@ class EnvSpec(NamedTuple):
         return len(self.obs_shape) == 3
 
 
+def known_env_ids() -> list[str]:
+    """Every gymnax environment id. Read from gymnax's registry if gymnax is imported, else
+    from the id list in its `registration.py`, parsed without running it (no JAX starts)."""
+    if "gymnax" in sys.modules:
+        return list(sys.modules["gymnax"].registered_envs)
+    spec = importlib.util.find_spec("gymnax")
+    path = os.path.join(spec.submodule_search_locations[0], "registration.py")
+    with open(path) as f:
+        for node in ast.parse(f.read()).body:
+            if isinstance(node, ast.Assign) and any(
+                    getattr(t, "id", None) == "_BUILTIN_ENV_IDS" for t in node.targets):
+                return list(ast.literal_eval(node.value))
+    import gymnax  # another gymnax layout: ask it (this starts JAX)
+
+    return list(gymnax.registered_envs)
+
+
+def check_env_id(env_id: str):
+    """Raise `ValueError` naming the closest known ids when `env_id` is not a gymnax id."""
+    known = known_env_ids()
+    if env_id not in known:
+        close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.5)
+        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise ValueError(f"unknown environment id {env_id!r}.{hint} Known gymnax ids: "
+                         f"{', '.join(known)}.")
+
+
 def make_env(env_id: str):
     """`(env, env_params, spec)` for a gymnax environment id.
 
     Raises `ValueError` naming the closest known ids when `env_id` is unknown, before anything is
     compiled.
     """
+    check_env_id(env_id)
     import gymnax
     from gymnax.environments import spaces
 
-    if env_id not in gymnax.registered_envs:
-        close = difflib.get_close_matches(env_id, gymnax.registered_envs, n=3, cutoff=0.5)
-        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        raise ValueError(
-            f"unknown environment id {env_id!r}.{hint} Known gymnax ids: "
-            f"{', '.join(gymnax.registered_envs)}."
-        )
     env, env_params = gymnax.make(env_id)
     obs_space = env.observation_space(env_params)
     action_space = env.action_space(env_params)

@@ -12,7 +12,6 @@ The one change from the paper's formula is that the end of an episode comes in t
   step t+1 of the rollout belongs to a new episode.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax

@@ -11,7 +11,6 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from common.envs import EnvSpec, to_env_action
 from common.scan import packed_scan

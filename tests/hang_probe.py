@@ -12,7 +12,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import common.init  # noqa: E402
+import common.nn  # noqa: E402, F401
 
 if "--flax-orthogonal" in sys.argv:
     import algos.ppo

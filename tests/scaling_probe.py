@@ -4,7 +4,7 @@ Prints "ok" and exits 0 when every check passes.
 
     python tests/scaling_probe.py learn [ALGO...]    # learn: same params on 1, 2, 4 devices
     python tests/scaling_probe.py update [ALGO...]   # data-parallel updates on 2 devices
-    python tests/scaling_probe.py api                # distributed.spread_seeds, data_parallel
+    python tests/scaling_probe.py api                # parallel.spread_seeds, data_parallel
 """
 
 import os
@@ -181,10 +181,10 @@ def check_update(algo):
 
 
 def check_python_api():
-    """`distributed.spread_seeds` gives the runs of `jit(vmap(train))`, split over 2 devices;
-    `distributed.data_parallel` trains each run on 2 devices with the global layout."""
+    """`parallel.spread_seeds` gives the runs of `jit(vmap(train))`, split over 2 devices;
+    `parallel.data_parallel` trains each run on 2 devices with the global layout."""
     from algos.ppo import Config, make_train
-    from common import distributed
+    from common import parallel
 
     config = Config(**{**TINY, "total_timesteps": 1024})
     train = make_train(config)
@@ -192,11 +192,11 @@ def check_python_api():
     lrs = jnp.array([1e-3, 2e-3, 3e-3, 4e-3])
     hps = jax.vmap(lambda lr: config.hparams()._replace(learning_rate=lr))(lrs)
     want = jax.jit(jax.vmap(train))(keys, hps)
-    got = distributed.spread_seeds(train, jax.devices()[:2])(keys, hps)
+    got = parallel.spread_seeds(train, jax.devices()[:2])(keys, hps)
     assert len(got[0].params["params"]["Dense_0"]["kernel"].sharding.device_set) == 2
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
-    state, metrics = distributed.data_parallel(train, jax.devices()[:2])(keys[:2])
+    state, metrics = parallel.data_parallel(train, jax.devices()[:2])(keys[:2])
     assert state.env.obs.shape == (2, config.num_envs, 4)  # every environment, in order
     assert metrics["value_loss"].shape == (2, config.num_updates)
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(state.params))

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from algos.a2c import Config, HParams, a2c_loss, main, make_train
-from common import logger
+from common.host import logger
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = Config(env_id="CartPole-v1", total_timesteps=400, num_envs=4, num_steps=5)  # 20 updates
@@ -119,12 +119,13 @@ def test_learns_cartpole_on_a_small_budget():
 # --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("overrides", [
     dict(env_id="Pendulum-v1", normalize_obs=True, optimizer="adam", anneal_lr=True,
-         norm_adv=True, gae_lambda=0.95, live_progress=True),
+         norm_adv=True, gae_lambda=0.95),
     dict(env_id="Breakout-MinAtar", ent_coef=0.01),
 ], ids=["pendulum-continuous-normobs-adam-progress", "minatar-cnn"])
 def test_continuous_actions_and_image_observations_run(overrides, capfd):
     config = Config(total_timesteps=400, num_envs=4, num_steps=5, **overrides)
-    train = make_train(config)
+    live_progress = config.env_id == "Pendulum-v1"
+    train = make_train(config, live_progress=live_progress)
     state, metrics = jax.jit(train)(jax.random.PRNGKey(0))  # hparams from the config
     for k in LOSSES:
         assert np.isfinite(metrics[k]).all(), k
@@ -135,7 +136,7 @@ def test_continuous_actions_and_image_observations_run(overrides, capfd):
         assert float(state.obs_stats.count) == pytest.approx(400, rel=1e-3)
     if config.env_id.endswith("MinAtar"):
         assert any("Conv" in k for k in state.params["params"])
-    if config.live_progress:
+    if live_progress:
         train.progress.close()
         out = capfd.readouterr().out
         assert f"[a2c {config.env_id}] step {400:>12,}" in out, out
@@ -234,7 +235,7 @@ def test_loss_with_lambda_one_matches_hand_computed_n_step_advantage(norm_adv, j
 # --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("overrides,flag", [
     (dict(num_envs=0), "--num-envs"), (dict(optimizer="sgd"), "--optimizer"),
-    (dict(rmsprop_alpha=1.0), "--rmsprop-alpha"), (dict(eps=0.0), "--eps"),
+    (dict(rms_decay=1.0), "--rms-decay"), (dict(opt_eps=0.0), "--opt-eps"),
     (dict(gae_lambda=1.5), "--gae-lambda"), (dict(total_timesteps=10), "--total-timesteps"),
     (dict(env_id="CartPol-v1"), "CartPole-v1"),
 ])

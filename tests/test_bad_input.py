@@ -9,35 +9,18 @@ unknown name, a value of the wrong type) are caught by tyro, which explains them
 boxed message, also with exit status 2 (last test).
 """
 
-import dataclasses
 import importlib
 import os
 import subprocess
 import sys
 
-import jax
 import numpy as np
 import pytest
 from flax import serialization
 
-from common import checkpoint, logger
+from helpers import save_initial
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = dict(total_timesteps=4096, num_envs=4, num_steps=32)
-
-
-def save_initial(path, algo: str, **overrides) -> str:
-    """A checkpoint of a freshly initialised run of `algos/<algo>.py` (nothing trained)."""
-    module = importlib.import_module(f"algos.{algo}")
-    config = module.Config(**{**TINY, **overrides})
-    train = module.make_train(config)
-    keys = logger.seed_keys(config.seed, config.num_seeds)
-    state = jax.jit(jax.vmap(train.init))(keys, jax.vmap(lambda _: config.hparams())(keys))
-    checkpoint.save(str(path), algo=algo, config=dataclasses.asdict(config), update=0,
-                    run_time=0, train_state=state, metrics={})
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """Paths for the `{name}` placeholders of the catalogue."""
@@ -87,7 +70,7 @@ CATALOGUE = [
     ("ppo", ["--learning-rate", "0"], "--learning-rate must be > 0"),
     ("ppo", ["--learning-rate", "-1e-3"], "--learning-rate must be > 0"),
     ("ppo", ["--gamma", "1.5"], "--gamma must be in [0, 1]"),
-    ("a2c", ["--rmsprop-alpha", "1.0"], "--rmsprop-alpha must be in [0, 1)"),
+    ("a2c", ["--rms-decay", "1.0"], "--rms-decay must be in [0, 1)"),
     ("impala", ["--actor-lag", "-1"], "--actor-lag must be >= 0"),
     # --- checkpoints ---
     ("ppo", ["--resume", "{missing}"], "no checkpoint file at '{missing}'"),
@@ -110,7 +93,7 @@ CATALOGUE = [
 
 
 def entry_point(name):
-    module = "common.evaluate" if name == "evaluate" else f"algos.{name}"
+    module = f"algos.{name}"
     return importlib.import_module(module).main
 
 
@@ -127,7 +110,7 @@ def test_bad_input_is_one_clear_line_and_exit_2(name, argv, message, files, caps
 
 
 @pytest.mark.parametrize("command", [["algos/a2c.py", "--resume", "{corrupt}"],
-                                     ["-m", "common.evaluate", "{missing}"]])
+                                     ["-m", "algos.evaluate", "{missing}"]])
 def test_bad_checkpoint_from_a_real_process_has_no_traceback(command, files):
     result = subprocess.run([sys.executable, *[a.format(**files) for a in command]], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)

@@ -1,4 +1,4 @@
-"""Checkpoints and exact resume (`common/checkpoint.py`, `common/cli.py`), through PPO's CLI.
+"""Checkpoints and exact resume (`common/host/checkpoint.py`, `common/host/cli.py`), through PPO's CLI.
 
 One small config (512 tiny updates, 2 seeds, chunks of 16) is trained once uninterrupted in
 this process; every other run here (interrupted by SIGINT in-process, killed by SIGKILL in a
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from algos.ppo import Config, main, make_train
-from common import checkpoint, cli, logger
+from common.host import checkpoint, cli, logger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARGS = ["--env-id", "CartPole-v1", "--total-timesteps", "65536", "--num-envs", "4",
@@ -51,9 +51,9 @@ def latest(log_dir) -> str:
 
 def restored(record):
     """The TrainState of a checkpoint record of ARGS' config."""
-    config = cli.parse_config(Config, ARGS)
+    config, run = cli.parse("ppo", Config, ARGS)
     train = make_train(config)
-    keys = logger.seed_keys(config.seed, config.num_seeds)
+    keys = logger.seed_keys(run.seed, run.num_seeds)
     hparams = jax.vmap(lambda _: config.hparams())(keys)
     template = jax.eval_shape(jax.vmap(train.init), keys, hparams)
     return checkpoint.restore(template, record["train_state"])
@@ -116,9 +116,9 @@ def test_cli_run_equals_all_updates_in_one_call_and_logs_evaluations(reference):
     # The same as `train.init` then all the updates in one call. (Not bitwise the same as
     # `jit(vmap(train))(keys)`: with `init` inside the same program XLA compiles the vmapped
     # computation differently, and the runs drift apart by rounding.)
-    config = cli.parse_config(Config, ARGS)
+    config, run = cli.parse("ppo", Config, ARGS)
     train = make_train(config)
-    keys = logger.seed_keys(config.seed, config.num_seeds)
+    keys = logger.seed_keys(run.seed, run.num_seeds)
     hparams = jax.vmap(lambda _: config.hparams())(keys)
     state, api = jax.jit(jax.vmap(train.run_updates, in_axes=(0, 0, None)))(
         jax.jit(jax.vmap(train.init))(keys, hparams), hparams, jnp.arange(NUM_UPDATES))
@@ -211,8 +211,8 @@ def test_non_finite_loss_stops_training_with_a_clear_message(cache, tmp_path, ca
 
 
 def test_non_finite_parameter_keeps_the_last_good_checkpoint(cache, tmp_path, capsys):
-    config = cli.parse_config(Config,
-                              ARGS + ["--log-dir", str(tmp_path), "--eval-every", "0"])
+    config, run = cli.parse("ppo", Config,
+                            ARGS + ["--log-dir", str(tmp_path), "--eval-every", "0"])
     train = make_train(config)
     run_updates = train.run_updates
 
@@ -223,7 +223,7 @@ def test_non_finite_parameter_keeps_the_last_good_checkpoint(cache, tmp_path, ca
 
     train.run_updates = poisoned
     with pytest.raises(SystemExit) as exit_info:
-        cli.train_and_log("PPO", config, train)
+        cli.train_and_log("ppo", config, run, train)
     assert exit_info.value.code == 1
     path = latest(tmp_path)
     err = capsys.readouterr().err.strip().splitlines()[-1]
@@ -238,7 +238,7 @@ def test_non_finite_parameter_keeps_the_last_good_checkpoint(cache, tmp_path, ca
 def test_checkpoint_writes_are_atomic_and_leave_no_temporary_file(tmp_path, monkeypatch):
     path = str(tmp_path / "run" / checkpoint.LATEST)
     state = {"w": np.arange(6.0).reshape(2, 3)}
-    checkpoint.save(path, algo="ppo", config={"lr": 0.1}, update=3, run_time=7,
+    checkpoint.save(path, algo="ppo", config={"lr": 0.1}, run={}, update=3, run_time=7,
                     train_state=state, metrics={"loss": np.ones((2, 3))})
     before = open(path, "rb").read()
 
@@ -247,7 +247,7 @@ def test_checkpoint_writes_are_atomic_and_leave_no_temporary_file(tmp_path, monk
 
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(KeyboardInterrupt):
-        checkpoint.save(path, algo="ppo", config={"lr": 0.1}, update=4, run_time=7,
+        checkpoint.save(path, algo="ppo", config={"lr": 0.1}, run={}, update=4, run_time=7,
                         train_state=state, metrics={"loss": np.ones((2, 4))})
     assert open(path, "rb").read() == before  # the old checkpoint is intact
     assert os.listdir(tmp_path / "run") == [checkpoint.LATEST]

@@ -9,7 +9,7 @@ import pytest
 from common import normalize
 from common.distributed import pmean, psum
 from common.envs import make_env, to_env_action
-from common.init import orthogonal
+from common.nn import orthogonal
 from common.rollout import finished_episode_stats, reset, rollout
 
 
@@ -130,7 +130,7 @@ def test_vmapped_network_init_under_pmap_does_not_deadlock():
     """Regression test for the batched-QR deadlock of jaxlib 0.10.x (see common/init.py).
 
     `tests/hang_probe.py --flax-orthogonal` (flax's own initialiser) hangs here, at 0% CPU;
-    with `common.init.orthogonal` the same probe finishes in seconds."""
+    with `common.nn.orthogonal` the same probe finishes in seconds."""
     import os
     import subprocess
     import sys
@@ -160,7 +160,7 @@ def numpy_conv_same(x, kernel, bias):
 
 @pytest.mark.parametrize("kernel_size", [(3, 3), (1, 1), (5, 3)])
 def test_conv_same_matches_a_numpy_loop_and_flax(kernel_size):
-    from common.conv import Conv, conv_same
+    from common.nn import Conv, conv_same
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(2, 3, 6, 5, 4)).astype(np.float32)
@@ -185,7 +185,7 @@ def test_conv_same_matches_a_numpy_loop_and_flax(kernel_size):
 
 
 def test_conv_same_refuses_even_kernels_and_wrong_channels():
-    from common.conv import conv_same
+    from common.nn import conv_same
 
     x = np.zeros((10, 10, 4), np.float32)
     with pytest.raises(ValueError, match="odd sizes"):
@@ -201,7 +201,7 @@ def test_dense_equals_flax_dense_in_value_and_gradients(shape):
     """Same parameters, outputs and gradients (to rounding) as nn.Dense, also under vmap; the
     reference gradients are written out in NumPy: dL/dW = x^T g, dL/dx = g W^T, dL/db = sum g."""
     import flax.linen as nn
-    from common.dense import Dense, matmul
+    from common.nn import Dense, matmul
 
     x = jax.random.normal(jax.random.PRNGKey(0), shape)
     params = nn.Dense(4).init(jax.random.PRNGKey(1), x)
@@ -268,11 +268,11 @@ def test_shuffled_minibatches_cover_the_batch_once():
 
 # ------------------------------------------------------------------ Threefry without its loop
 def test_unrolled_threefry_gives_the_same_bits_without_a_loop():
-    """The CPU lowering `make_train` selects (common/prng.py) draws bit for bit the same keys,
-    uniforms, normals and categorical samples as JAX's looped default, and its program has no
-    while loop; `make_train` selects it."""
+    """The CPU lowering the command line opts into (common/host/prng.py) draws bit for bit the
+    same keys, uniforms, normals and categorical samples as JAX's looped default, and its
+    program has no while loop; `make_train` leaves the process's choice alone."""
     from algos.ppo import Config, make_train
-    from common.prng import unroll_threefry_on_cpu
+    from common.host.prng import unroll_threefry_on_cpu
 
     def draws(key):
         k1, k2 = jax.random.split(key)
@@ -288,11 +288,12 @@ def test_unrolled_threefry_gives_the_same_bits_without_a_loop():
     key = jax.random.PRNGKey(3)
     try:
         assert unroll_threefry_on_cpu(False)
+        make_train(Config(total_timesteps=2048))  # changes no process-wide setting
         looped, looped_text = compiled(key)
-        make_train(Config(total_timesteps=2048))
+        unroll_threefry_on_cpu(True)
         unrolled, unrolled_text = compiled(key)
     finally:
-        unroll_threefry_on_cpu(True)
+        unroll_threefry_on_cpu(False)  # JAX's default again for the tests after this one
     assert "while" in looped_text and "while" not in unrolled_text
     for a, b in zip(looped, unrolled):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -328,26 +329,53 @@ def test_packed_scan_equals_lax_scan_on_mixed_dtypes_and_packing_round_trips():
         np.testing.assert_array_equal(g, w)
 
 
-def test_carry_form_keeps_matrices_apart_and_vectors_together_and_round_trips():
-    from common.params import carry_form
+def test_packed_scan_with_matrices_apart_runs_any_optax_sgd_as_lax_scan():
+    """The minibatch loop's packing (`matrices_apart`) is invisible to the optimiser: SGD
+    steps with a masked weight decay (decaying only the matrices) and Adam, or with Adam
+    flattened by `optax.flatten`, give the parameters and optimiser state of `lax.scan`."""
+    import optax
 
-    k = jax.random.split(jax.random.PRNGKey(0), 5)
+    from common.scan import packed_scan, packing
+
+    k = jax.random.split(jax.random.PRNGKey(0), 6)
     params = {"a": {"kernel": jax.random.normal(k[0], (4, 3)),
                     "bias": jax.random.normal(k[1], (3,))},
               "b": {"kernel": jax.random.normal(k[2], (3, 2)),
                     "bias": jax.random.normal(k[3], (2,))},
-              "log_std": jax.random.normal(k[4], (2,))}
-    form = carry_form(params)
-    matrices, vector = form.to_carry(params)
-    assert [m.shape for m in matrices] == [(4, 3), (3, 2)]
-    biases = np.concatenate([params["a"]["bias"], params["b"]["bias"], params["log_std"]])
-    np.testing.assert_array_equal(vector, biases)  # tree order: a.bias, b.bias, log_std
-    flat = form.ravel((matrices, vector))  # the vector first, then each matrix row-major
-    np.testing.assert_array_equal(flat, np.concatenate(
-        [biases, np.ravel(params["a"]["kernel"]), np.ravel(params["b"]["kernel"])]))
-    back = jax.jit(lambda f: form.to_params(form.unravel(f)))(flat)
-    assert jax.tree.structure(back) == jax.tree.structure(params)
-    for g, w in zip(jax.tree.leaves(back), jax.tree.leaves(params)):
+              "log_std": jnp.full((2,), 0.3)}
+    batches = (jax.random.normal(k[4], (5, 8, 4)), jax.random.normal(k[5], (5, 8, 2)))
+
+    def loss(p, batch):
+        x, y = batch
+        h = jnp.tanh(x @ p["a"]["kernel"] + p["a"]["bias"])
+        return jnp.mean(jnp.square(h @ p["b"]["kernel"] + p["b"]["bias"] - y)) + \
+            jnp.sum(p["log_std"] ** 2)
+
+    matrices = lambda p: jax.tree.map(lambda x: x.ndim == 2, p)  # noqa: E731
+    optimizers = {
+        "masked": optax.chain(optax.masked(optax.add_decayed_weights(0.1), matrices),
+                              optax.clip_by_global_norm(0.5), optax.adam(1e-2)),
+        "flattened": optax.flatten(optax.chain(optax.clip_by_global_norm(0.5),
+                                               optax.adam(1e-2))),
+    }
+    for name, optimizer in optimizers.items():
+        def step(carry, batch):
+            p, s = carry
+            g = jax.grad(loss)(p, batch)
+            updates, s = optimizer.update(g, s, p)
+            return (optax.apply_updates(p, updates), s), loss(p, batch)
+
+        init = (params, optimizer.init(params))
+        want = jax.jit(lambda c, b: jax.lax.scan(step, c, b))(init, batches)
+        got = jax.jit(lambda c, b: packed_scan(step, c, b, matrices_apart=True))(init, batches)
+        assert jax.tree.structure(got) == jax.tree.structure(want), name
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7, err_msg=name)
+        changed = jax.tree.map(lambda a, b: bool(jnp.any(a != b)), got[0][0], params)
+        assert all(jax.tree.leaves(changed)), name  # every leaf was trained
+    # the packing: the vectors in one array, each matrix in its own, and back exactly
+    pack, unpack = packing(params, matrices_apart=True)
+    packed = pack(params)
+    assert [p.shape for p in packed] == [(7,), (12,), (6,)]  # the vectors, then each matrix
+    for g, w in zip(jax.tree.leaves(unpack(packed)), jax.tree.leaves(params)):
         np.testing.assert_array_equal(g, w)
-    only_matrices = carry_form({"w": params["a"]["kernel"]}).to_carry({"w": params["a"]["kernel"]})
-    assert only_matrices[1].shape == (0,)

@@ -4,7 +4,6 @@ point on a checkpoint, and the GIF of an episode.
 Checkpoints here hold freshly initialised runs (no training), so nothing big compiles.
 """
 
-import dataclasses
 import importlib
 import re
 
@@ -12,29 +11,11 @@ import jax
 import numpy as np
 import pytest
 
-from common import checkpoint, logger
 from common.envs import make_env
-from common.evaluate import evaluate, main, save_gif
-
-TINY = dict(total_timesteps=4096, num_envs=4, num_steps=32)
-
-
-def initial_state(algo: str, num_seeds: int = 1, **overrides):
-    """`(config, train, vmapped initial TrainState)` of a tiny config of `algos/<algo>.py`."""
-    module = importlib.import_module(f"algos.{algo}")
-    config = module.Config(**{**TINY, "num_seeds": num_seeds, **overrides})
-    train = module.make_train(config)
-    keys = logger.seed_keys(config.seed, config.num_seeds)
-    return config, train, jax.jit(jax.vmap(train.init))(
-        keys, jax.vmap(lambda _: config.hparams())(keys))
-
-
-def save_initial(path, algo: str, num_seeds: int = 1, **overrides) -> str:
-    config, _, state = initial_state(algo, num_seeds, **overrides)
-    checkpoint.save(str(path), algo=algo, config=dataclasses.asdict(config), update=0,
-                    run_time=0, train_state=state, metrics={})
-    return str(path)
-
+from algos.evaluate import main
+from common.evaluate import evaluate
+from common.host.video import save_gif
+from helpers import initial_state, save_initial
 
 @pytest.fixture(scope="module")
 def cartpole():

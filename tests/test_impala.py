@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from algos.impala import Config, make_train
-from common.logger import final_return
+from common.host.logger import final_return
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -135,7 +135,7 @@ def test_other_branches_run():
 
 
 def test_live_progress_prints_from_inside_jit_under_vmap(capfd):
-    train = make_train(dataclasses.replace(TINY, live_progress=True))
+    train = make_train(TINY, live_progress=True)
     jax.block_until_ready(jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(0), 2)))
     train.progress.close()
     out = capfd.readouterr().out
@@ -157,7 +157,7 @@ def test_learns_cartpole_with_lagged_actors():
     ("actor_lag", -1, "--actor-lag must be >= 0"),
     ("num_minibatches", 3, "--num-envs 32 is not divisible by --num-minibatches 3"),
     ("rho_bar", 0.0, "--rho-bar must be > 0"),
-    ("optimizer", "sgd", "--optimizer must be 'rmsprop' or 'adam'"),
+    ("optimizer", "sgd", "--optimizer must be one of 'rmsprop', 'adam', got 'sgd'"),
 ])
 def test_config_rejects_bad_values(field, value, message):
     with pytest.raises(ValueError, match=message):
@@ -188,3 +188,59 @@ def test_cli_bad_input_is_one_line_without_traceback():
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.strip() == "error: --actor-lag must be >= 0, got -1."
+
+
+# --------------------------------------------------------------------------------------------
+# The loss by hand
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("correction", [True, False])
+def test_impala_loss_matches_a_hand_computation_with_clipped_and_unclipped_ratios(correction):
+    """Two trajectories of three steps: rho = 2 (clipped to rho_bar = 1 and pg_rho_bar = 1) and
+    0.5 (not clipped), a termination and a truncation; V-Trace from the NumPy loop of
+    `tests/test_vtrace.py`, the loss written out, and its gradients: -A/n for log pi (A and vs
+    are targets) and vf_coef (V - vs)/n for V."""
+    from test_vtrace import vtrace_reference
+
+    from algos.impala import Transition, impala_loss
+
+    gamma, ent_coef, vf_coef, kl_coef = 0.9, 0.01, 0.5, 0.1
+    log_prob = np.array([[-0.2, -1.0], [-1.5, -0.3], [-0.7, -0.9]])  # [T, B]
+    rho = np.array([[2.0, 0.5], [0.5, 2.0], [1.0, 0.8]])
+    behaviour = log_prob - np.log(rho)
+    r = np.array([[1.0, 0.0], [0.0, 1.0], [2.0, -1.0]])
+    v = np.array([[0.5, 0.1], [0.2, 0.4], [1.0, -0.2]])
+    v_tp1 = np.array([[0.2, 0.4], [1.0, 3.0], [0.7, 0.3]])
+    terminated = np.array([[False, False], [False, False], [True, False]])
+    truncated = np.array([[False, False], [False, True], [False, False]])
+    entropy = np.array([[0.6, 0.5], [0.4, 0.3], [0.2, 0.1]])
+    log_rho = np.log(rho) if correction else np.zeros_like(rho)
+    vs, adv = np.stack([np.stack(vtrace_reference(
+        log_rho[:, b], r[:, b], v[:, b], v_tp1[:, b], terminated[:, b], truncated[:, b], gamma))
+        for b in range(2)], axis=-1)
+    n = r.size
+    k3 = rho - 1 - np.log(rho)
+    expected = dict(policy_loss=-np.sum(adv * log_prob) / n,
+                    value_loss=0.5 * np.sum((vs - v) ** 2) / n, entropy=entropy.mean(),
+                    approx_kl=k3.mean(), explained_variance=1 - np.var(vs - v) / np.var(vs),
+                    mean_clipped_rho=np.minimum(1.0, rho).mean(),
+                    rho_clip_fraction=np.mean(rho > 1.0))
+    loss_expected = expected["policy_loss"] + vf_coef * expected["value_loss"] \
+        - ent_coef * expected["entropy"] + kl_coef * expected["approx_kl"]
+
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    batch = Transition(f32(np.zeros((3, 2, 4))), jnp.zeros((3, 2), jnp.int32), f32(r),
+                       jnp.asarray(terminated), jnp.asarray(truncated),
+                       f32(np.zeros((3, 2, 4))), f32(behaviour))
+    hp = Config(gamma=gamma, ent_coef=ent_coef, vf_coef=vf_coef, kl_coef=kl_coef).hparams()
+    loss_fn = jax.jit(lambda lp, val, hp: impala_loss(lp, f32(entropy), val, f32(v_tp1), batch,
+                                                      hp, vtrace_correction=correction))
+    loss, info = loss_fn(f32(log_prob), f32(v), hp)
+    np.testing.assert_allclose(loss, loss_expected, rtol=1e-5, atol=1e-6)
+    for name, value in expected.items():
+        np.testing.assert_allclose(getattr(info, name), value, rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+    no_kl = hp._replace(kl_coef=jnp.float32(0.0))
+    d_logp, d_v = jax.grad(lambda lp, val: loss_fn(lp, val, no_kl)[0], argnums=(0, 1))(
+        f32(log_prob), f32(v))
+    np.testing.assert_allclose(d_logp, -adv / n, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(d_v, vf_coef * (v - vs) / n, rtol=1e-5, atol=1e-6)

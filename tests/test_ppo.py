@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from algos.ppo import Config, Transition, make_train
-from common.logger import final_return
+from common.host.logger import final_return
 
 TINY = Config(env_id="CartPole-v1", total_timesteps=2048, num_envs=4, num_steps=32,
               num_minibatches=2, update_epochs=2)
@@ -145,10 +145,116 @@ def test_image_observations_use_the_cnn():
 
 
 def test_live_progress_prints_from_inside_jit_under_vmap(capfd):
-    config = dataclasses.replace(TINY, live_progress=True)
-    train = make_train(config)
+    train = make_train(TINY, live_progress=True)
     jax.block_until_ready(jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(0), 2)))
     train.progress.close()
     out = capfd.readouterr().out
     assert f"[ppo CartPole-v1] step {TINY.num_updates * TINY.batch_size:>12,}" in out, out
     assert "SPS per run" in out
+
+
+# --------------------------------------------------------------------------------------------
+# The loss by hand: every clipping branch
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("clip_vloss", [True, False])
+@pytest.mark.parametrize("norm_adv", [False, True])
+def test_ppo_loss_matches_a_hand_computation_on_every_clipping_branch(norm_adv, clip_vloss):
+    """Six samples, eps = 0.2: ratios 1.5 and 0.5 with positive and negative advantages (the
+    surrogate clipped above and below, and unclipped where the min keeps the raw term), ratio
+    1.1 inside the clip range, and values moved beyond and within eps of the old values."""
+    from algos.ppo import ppo_loss
+
+    eps, ent_coef, vf_coef = 0.2, 0.01, 0.5
+    ratio = np.array([1.5, 1.5, 0.5, 0.5, 1.1, 1.0])
+    adv = np.array([2.0, -1.0, 1.0, -3.0, 0.5, 0.0])
+    old_logp = np.array([-0.7, -1.2, -0.3, -2.0, -0.9, -0.4])
+    logp = old_logp + np.log(ratio)
+    old_v = np.array([1.0, 0.0, -1.0, 2.0, 0.5, 0.0])
+    v = np.array([1.5, 0.1, -1.3, 2.0, 0.45, 1.0])  # moved by 0.5, 0.1, -0.3, 0, -0.05, 1
+    ret = np.array([2.0, -0.5, -2.0, 1.0, 0.0, 0.8])
+    entropy = np.array([0.6, 0.5, 0.4, 0.69, 0.3, 0.2])
+
+    a = (adv - adv.mean()) / (adv.std() + 1e-8) if norm_adv else adv
+    # the surrogate, term by term: max(-A r, -A clip(r, 0.8, 1.2))
+    surrogate = [max(-ai * ri, -ai * min(max(ri, 1 - eps), 1 + eps)) for ai, ri in zip(a, ratio)]
+    if not norm_adv:  # the branches, spelled out: clipped, raw, raw, clipped, raw, zero
+        np.testing.assert_allclose(surrogate, [-2.4, 1.5, -0.5, 2.4, -0.55, 0.0])
+    if clip_vloss:
+        v_clipped = old_v + np.clip(v - old_v, -eps, eps)
+        value_terms = np.maximum((v - ret) ** 2, (v_clipped - ret) ** 2)
+    else:
+        value_terms = (v - ret) ** 2
+    expected = dict(policy_loss=np.mean(surrogate), value_loss=0.5 * value_terms.mean(),
+                    entropy=entropy.mean(),
+                    approx_kl=np.mean((ratio - 1) - np.log(ratio)),
+                    clipfrac=np.mean(np.abs(ratio - 1) > eps))
+    loss_expected = expected["policy_loss"] + vf_coef * expected["value_loss"] \
+        - ent_coef * expected["entropy"]
+
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    batch = Transition(f32(np.zeros((6, 4))), jnp.zeros(6, jnp.int32), f32(old_logp), f32(old_v),
+                       f32(adv), f32(ret))
+    loss, info = jax.jit(lambda lp, h, val: ppo_loss(
+        lp, h, val, batch, clip_coef=eps, ent_coef=ent_coef, vf_coef=vf_coef,
+        norm_adv=norm_adv, clip_vloss=clip_vloss))(f32(logp), f32(entropy), f32(v))
+    np.testing.assert_allclose(loss, loss_expected, rtol=1e-5, atol=1e-6)
+    for name, value in expected.items():
+        np.testing.assert_allclose(getattr(info, name), value, rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+    # Where the clip is active the surrogate's gradient in log pi is 0; elsewhere -A r / n.
+    grad = jax.grad(lambda lp: ppo_loss(lp, f32(entropy), f32(v), batch, clip_coef=eps,
+                                        ent_coef=0.0, vf_coef=0.0, norm_adv=norm_adv,
+                                        clip_vloss=clip_vloss)[0])(f32(logp))
+    active = np.array([s != -ai * ri for s, ai, ri in zip(surrogate, a, ratio)])
+    np.testing.assert_allclose(grad, np.where(active, 0.0, -a * ratio / 6), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_learn_is_plain_minibatch_sgd_with_optax_on_the_parameter_tree():
+    """`learn`'s packed loop and flattened Adam (speed only) give what plain optax on the
+    parameter tree gives: two epochs of two minibatches, replayed here with `lax.scan`."""
+    import optax
+
+    from algos.ppo import ActorCritic, ppo_loss
+    from common.envs import make_env
+    from common.minibatch import shuffled_minibatches
+
+    config = dataclasses.replace(TINY, num_minibatches=2, update_epochs=2, anneal_lr=False)
+    train = make_train(config)
+    state = jax.jit(train.init)(jax.random.PRNGKey(0))
+    k = jax.random.split(jax.random.PRNGKey(1), 4)
+    n = config.batch_size
+    data = Transition(jax.random.normal(k[0], (n, 4)), jax.random.randint(k[1], (n,), 0, 2),
+                      jnp.full((n,), jnp.log(0.5)), jnp.zeros((n,)),
+                      jax.random.normal(k[2], (n,)), jax.random.normal(k[3], (n,)))
+    key = jax.random.PRNGKey(2)
+    params, opt_state, _, _ = jax.jit(train.learn, static_argnums=4)(
+        state, config.hparams(), data, key, 0)
+
+    network = ActorCritic(make_env("CartPole-v1")[2])
+    optimizer = optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
+                            optax.adam(config.learning_rate, eps=config.opt_eps))
+
+    def reference(params):
+        def step(carry, batch):
+            p, s = carry
+
+            def loss(p):
+                pi, value = network.apply(p, batch.obs)
+                return ppo_loss(pi.log_prob(batch.action), pi.entropy(), value, batch,
+                                clip_coef=config.clip_coef, ent_coef=config.ent_coef,
+                                vf_coef=config.vf_coef)[0]
+
+            updates, s = optimizer.update(jax.grad(loss)(p), s, p)
+            return (optax.apply_updates(p, updates), s), None
+
+        s = optimizer.init(params)
+        for epoch_key in jax.random.split(key, config.update_epochs):
+            batches = shuffled_minibatches(epoch_key, data, config.num_minibatches)
+            (params, s), _ = jax.lax.scan(step, (params, s), batches)
+        return params
+
+    want = jax.jit(reference)(state.params)
+    for g, w in zip(jax.tree.leaves(params), jax.tree.leaves(want)):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6)
+    assert not np.allclose(jax.tree.leaves(params)[0], jax.tree.leaves(state.params)[0])

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 
-from common import checkpoint
+from common.host import checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROBE = os.path.join(ROOT, "tests", "scaling_probe.py")

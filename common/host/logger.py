@@ -1,11 +1,10 @@
-"""Host-side plumbing for the command line: parsing, live progress, TensorBoard, summary.
+"""Host-side plumbing for the command line: live progress, TensorBoard, seeds, run names.
 
 Nothing in this module runs inside `jit` except `report_progress`, which sends a few scalars
 out of the compiled loop with `jax.debug.callback` (it works under `vmap`: the callback runs
 once per vmapped run, and `Progress` averages what arrives for the same update).
 """
 
-import dataclasses
 import math
 import os
 import sys
@@ -103,6 +102,11 @@ class Progress:
             self.pending = [int(update), int(global_step), []]
         self.pending[2].append(float(returns))
 
+    def report_from_jit(self, update, num_updates: int, global_step, returns):
+        """Inside `jit`: report about 50 times over a run of `num_updates` (`report_progress`)."""
+        report_progress(self, update, num_updates, max(1, num_updates // 50), global_step,
+                        returns)
+
     def close(self, final: bool = True):
         """Report what the callbacks gathered last."""
         if self.pending is not None:
@@ -120,12 +124,12 @@ class TensorBoardRun:
     step shows twice however far the interrupted process had logged.
     """
 
-    def __init__(self, log_dir: str, name: str, config, purge: bool = False):
+    def __init__(self, log_dir: str, name: str, hparams: dict, purge: bool = False):
         from tensorboardX import SummaryWriter
 
         self.path = os.path.join(log_dir, name)
         self.writer = SummaryWriter(self.path, purge_step=0 if purge else None)
-        rows = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(config).items())
+        rows = "\n".join(f"|{k}|{v}|" for k, v in hparams.items())
         self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows)
 
     def write(self, metrics: dict, sps_points=()):

@@ -5,6 +5,7 @@ A checkpoint is a msgpack map (`flax.serialization.msgpack_serialize`) of plain 
     format_version  int, `FORMAT_VERSION`
     algo            "ppo", "a2c" or "impala"
     config          the algorithm's Config as a dict (`dataclasses.asdict`)
+    run             the run options (`common/host/options.py`'s RunOptions) as a dict
     update          how many updates the runs have made
     run_time        unix time of the run's start (its TensorBoard run names keep it)
     train_state     the vmapped TrainState as a state dict: parameters, optimiser state,
@@ -30,7 +31,7 @@ import jax
 import numpy as np
 from flax import serialization
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 LATEST = "latest.msgpack"
 """File name of the checkpoint a run keeps up to date in its directory."""
 
@@ -44,13 +45,14 @@ def resolve(path: str) -> str:
     return os.path.join(path, LATEST) if os.path.isdir(path) else path
 
 
-def save(path: str, *, algo: str, config: dict, update: int, run_time: int, train_state,
-         metrics: dict):
+def save(path: str, *, algo: str, config: dict, run: dict, update: int, run_time: int,
+         train_state, metrics: dict):
     """Write a checkpoint to `path` atomically (see the module docstring)."""
     record = {
         "format_version": FORMAT_VERSION,
         "algo": algo,
         "config": config,
+        "run": run,
         "update": int(update),
         "run_time": int(run_time),
         "train_state": serialization.to_state_dict(jax.device_get(train_state)),
@@ -94,7 +96,8 @@ def load(path: str) -> dict:
     except Exception as error:  # msgpack raises many types for bad bytes
         raise CheckpointError(f"{path!r} is not a readable checkpoint (corrupt or truncated "
                               f"file: {type(error).__name__}).") from None
-    keys = {"format_version", "algo", "config", "update", "run_time", "train_state", "metrics"}
+    keys = {"format_version", "algo", "config", "run", "update", "run_time", "train_state",
+            "metrics"}
     if not isinstance(record, dict) or not keys <= set(record):
         raise CheckpointError(f"{path!r} is not a checkpoint of this project (missing fields).")
     if record["format_version"] != FORMAT_VERSION:

@@ -1,0 +1,102 @@
+"""Evaluate a saved run: `python -m algos.evaluate PATH [--episodes K] [--seed S]
+[--capture-video OUT.gif]`.
+
+Loads a checkpoint written by any of the three algorithm files, rebuilds its `Config` and
+`make_train`, and plays the deterministic policy (the mode of pi) of every run it holds
+(`common/evaluate.py`); `--capture-video` draws one episode of the first run as a GIF
+(`common/host/video.py`).
+"""
+
+import dataclasses
+import importlib
+import sys
+from functools import partial
+
+import jax
+import numpy as np
+import tyro
+
+from common.envs import make_env
+from common.evaluate import evaluate, record_episode
+from common.host import checkpoint, logger
+from common.host.video import check_renderer, save_gif
+
+ALGOS = {"ppo": "algos.ppo", "a2c": "algos.a2c", "impala": "algos.impala"}
+"""The algorithms a checkpoint may name (never an arbitrary module)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Args:
+    """Evaluate a saved run: the deterministic policy (mode of pi) of every run it holds."""
+
+    checkpoint: tyro.conf.Positional[str]
+    """A checkpoint file, or a run directory holding `latest.msgpack`."""
+    episodes: int = 10
+    """Episodes per run, each in its own environment."""
+    seed: int = 0
+    """Seed of the evaluation environments."""
+    capture_video: str | None = None
+    """Also save a GIF of one episode of the first run to this path."""
+
+
+def restore_run(record: dict, path: str):
+    """`(config, seeds, train, state)` of a loaded checkpoint: the algorithm's Config, the
+    runs' seeds, its `make_train(config)` and the restored vmapped TrainState."""
+    if record["algo"] not in ALGOS:
+        raise checkpoint.CheckpointError(f"{path!r} names an unknown algorithm "
+                                         f"{record['algo']!r}.")
+    module = importlib.import_module(ALGOS[record["algo"]])
+    fields = {f.name for f in dataclasses.fields(module.Config)}
+    config = module.Config(**{k: v for k, v in record["config"].items() if k in fields})
+    train = module.make_train(config)
+    seed, num_seeds = int(record["run"]["seed"]), int(record["run"]["num_seeds"])
+    keys = logger.seed_keys(seed, num_seeds)
+    template = jax.eval_shape(jax.vmap(train.init), keys,
+                              jax.vmap(lambda _: config.hparams())(keys))
+    state = checkpoint.restore(template, record["train_state"], path)
+    return config, list(range(seed, seed + num_seeds)), train, state
+
+
+def main(argv=None):
+    """Evaluate the checkpoint named on the command line; print one line per run."""
+    args = tyro.cli(Args, args=argv)
+    try:
+        if args.episodes < 1:
+            raise ValueError(f"--episodes must be a positive integer, got {args.episodes}.")
+        record = checkpoint.load(checkpoint.resolve(args.checkpoint))
+        if args.capture_video:
+            check_renderer(record["config"].get("env_id"))
+        config, seeds, train, state = restore_run(record, args.checkpoint)
+    except ValueError as error:  # CheckpointError included
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+    env, env_params, spec = make_env(config.env_id)
+    keys = jax.random.split(jax.random.PRNGKey(args.seed), len(seeds))
+    returns, lengths = jax.jit(jax.vmap(
+        lambda s, k: evaluate(partial(train.act, s), env, env_params, spec, k, args.episodes)
+    ))(state, keys)
+    print(f"evaluate: {record['algo']} on {config.env_id}, {args.checkpoint} (update "
+          f"{record['update']} of {config.num_updates}), {args.episodes} episodes per run, "
+          f"deterministic policy")
+    for seed, r, n in zip(seeds, np.asarray(returns), np.asarray(lengths)):
+        print(f"  seed {seed}: mean return {r.mean():.2f} (min {r.min():.2f}, "
+              f"max {r.max():.2f}), mean length {n.mean():.1f}")
+    print(f"mean return over {len(seeds)} run(s): {np.mean(returns):.2f}")
+
+    if args.capture_video:
+        first = jax.tree.map(lambda x: x[0], state)
+        states, rewards, done = jax.jit(
+            lambda s, k: record_episode(partial(train.act, s), env, env_params, spec, k)
+        )(first, keys[0])
+        done = np.asarray(done)
+        length = int(np.argmax(done)) + 1 if done.any() else len(done)
+        frames = [jax.tree.map(lambda x: np.asarray(x[t]), states) for t in range(length)]
+        save_gif(env, env_params, frames, np.asarray(rewards)[:length], args.capture_video)
+        print(f"video: {args.capture_video} ({length} frames, return "
+              f"{float(np.sum(np.asarray(rewards)[:length])):.2f}, seed {seeds[0]})")
+    return returns
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+"""The host side, used only by the command line: the driver (`cli`), its run options
+(`options`), devices and processes (`devices`), checkpoints, progress and TensorBoard
+(`logger`), GIFs (`video`) and the opt-in Threefry lowering (`prng`). Nothing here runs inside
+a compiled `train`, and nothing in `common/` outside this package imports it.
+"""

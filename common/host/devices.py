@@ -1,0 +1,194 @@
+"""Devices and processes for the command line: start JAX's runtime, lay the runs out on a mesh.
+
+`setup_devices` must run before any JAX computation: it chooses the number of XLA CPU devices
+(one per core) and joins a multi-process run (`jax.distributed`, gloo collectives on CPU).
+`Layout` spreads the vmapped runs of one command over a one-axis mesh: `--parallel seeds`
+splits the runs across the devices, `--parallel data` trains every run on all of them, its
+environments split (`common/distributed.py`). With several processes every process runs the
+same driver on its own devices; only process 0 writes logs and checkpoints.
+"""
+
+import contextlib
+import os
+import sys
+import zlib
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from common.distributed import DATA_AXIS, SEEDS_AXIS
+
+
+def fail(message, code: int = 2):
+    """Print `error: message` on one line of stderr and exit with `code`."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(code) from None
+
+
+def setup_devices(config):
+    """Start JAX's runtime for the device options of `config` (a RunOptions); call it before any JAX computation.
+
+    - With `coordinator_address` (or `JAX_COORDINATOR_ADDRESS`) and more than one process
+      (`num_processes`, or `JAX_NUM_PROCESSES`; `process_id` or `JAX_PROCESS_ID`), call
+      `jax.distributed.initialize`, with gloo for CPU collectives and a heartbeat timeout of
+      `distributed_timeout` seconds: if a peer dies, the others stop with an error instead of
+      waiting forever.
+    - On CPU, make one XLA device per core this process may run on (`os.sched_getaffinity`,
+      so `taskset -c 0` means one device), or `num_devices / num_processes` of them. An
+      `--xla_force_host_platform_device_count` already in `XLA_FLAGS` wins.
+
+    Where the backend has already started (in-process callers, tests) it does nothing: the
+    devices that exist are used.
+    """
+    try:
+        from jax._src import xla_bridge
+        started = xla_bridge.backends_are_initialized()
+    except (ImportError, AttributeError):  # private API: assume the worst
+        started = True
+    if started:
+        return
+    address = config.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    processes = config.num_processes if config.num_processes > 1 else \
+        int(os.environ.get("JAX_NUM_PROCESSES", "1"))
+    process_id = config.process_id if config.num_processes > 1 else \
+        int(os.environ.get("JAX_PROCESS_ID", "0"))
+    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            (os.cpu_count() or 1)
+        local = cores if config.num_devices == 0 else max(1, config.num_devices // processes)
+        jax.config.update("jax_num_cpu_devices", local)
+    if processes > 1:
+        if not address:
+            fail("--num-processes > 1 needs --coordinator-address HOST:PORT (process 0's).")
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        timeout = config.distributed_timeout
+        jax.distributed.initialize(address, processes, process_id,
+                                   initialization_timeout=timeout,
+                                   heartbeat_timeout_seconds=timeout,
+                                   shutdown_timeout_seconds=timeout)
+
+
+class Layout:
+    """How the runs of one command are spread over devices: a one-axis mesh and the
+    `PartitionSpec` of every input and output of the compiled functions (`run`: the
+    RunOptions; `num_envs`: environments per run; `template`: the vmapped TrainState's shape).
+
+    `parallel="seeds"`: the mesh axis is `SEEDS_AXIS`; every array's leading (seeds) axis is
+    split across devices, so `num_seeds` must divide by the device count (no padding; with
+    `num_devices=0` the largest device count that divides it is used).
+    `parallel="data"`: the mesh axis is `DATA_AXIS`; parameters, optimiser state, keys and
+    metrics are replicated, the environments (`TrainState.env`, axis 1 after the seeds) split.
+    """
+
+    def __init__(self, run, num_envs: int, template):
+        available = jax.device_count()
+        wanted = run.num_devices
+        if wanted > available:
+            fail(f"--num-devices {wanted}: only {available} device(s) here "
+                 f"({jax.devices()[0].platform}).")
+        if run.parallel == "seeds":
+            if wanted == 0:
+                wanted = available if jax.process_count() > 1 else \
+                    max(d for d in range(1, available + 1) if run.num_seeds % d == 0)
+            if run.num_seeds % wanted:
+                fail(f"--num-seeds {run.num_seeds} does not divide among {wanted} devices; "
+                     "pick a multiple (or --num-devices that divides it).")
+            self.axis, self.seeds, self.replicated = SEEDS_AXIS, P(SEEDS_AXIS), P(SEEDS_AXIS)
+            self.state = jax.tree.map(lambda _: P(SEEDS_AXIS), template)
+        else:
+            wanted = wanted or available
+            if num_envs % wanted:
+                fail(f"--parallel data: --num-envs {num_envs} does not divide among "
+                     f"{wanted} devices.")
+            self.axis, self.seeds, self.replicated = DATA_AXIS, P(), P()
+            self.state = jax.tree.map(lambda _: P(), template)._replace(
+                env=jax.tree.map(lambda _: P(None, DATA_AXIS), template.env))
+        if jax.process_count() > 1 and wanted != available:
+            fail(f"with {jax.process_count()} processes every device takes part: "
+                 f"--num-devices must be 0 or {available}.")
+        self.num_devices = wanted
+        self.mesh = jax.sharding.Mesh(np.array(jax.devices()[:wanted]), (self.axis,))
+
+    def spread(self, fn, in_specs, out_specs):
+        """`jit(shard_map(fn))` over the mesh."""
+        return jax.jit(jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs,
+                                     out_specs=out_specs, check_vma=False))
+
+    def put(self, tree, specs):
+        """Host values (NumPy or single-device arrays) as global arrays laid out by `specs`;
+        every process passes the whole value and keeps its own devices' part. `specs`: a
+        tree like `tree`'s, or one `PartitionSpec` for every leaf."""
+        if isinstance(specs, P):
+            specs = jax.tree.map(lambda _: specs, tree)
+
+        def one(x, spec):
+            x = np.asarray(x)
+            return jax.make_array_from_callback(x.shape, NamedSharding(self.mesh, spec),
+                                                lambda index: x[index])
+        return jax.tree.map(one, tree, specs)
+
+    def shapes(self, tree, specs):
+        """`jax.ShapeDtypeStruct`s of `tree` with the shardings of `specs` (for `lower`)."""
+        if isinstance(specs, P):
+            specs = jax.tree.map(lambda _: specs, tree)
+        return jax.tree.map(lambda x, spec: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=NamedSharding(self.mesh, spec)), tree, specs)
+
+
+def fetch(tree):
+    """Global arrays to NumPy on this host (gathered across processes where needed)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        return jax.tree.map(lambda x: np.asarray(x) if x.is_fully_replicated else
+                            multihost_utils.process_allgather(x, tiled=True), tree)
+    return jax.device_get(tree)
+
+
+@contextlib.contextmanager
+def peers_alive():
+    """With several processes, turn a failed collective (a peer died or hung up) into one
+    clear line and exit status 1, at once. (A peer that stops without closing its connections is
+    caught by JAX's distributed heartbeat instead, which aborts the process with its own
+    message after `--distributed-timeout` seconds.)"""
+    try:
+        yield
+    except jax.errors.JaxRuntimeError as error:
+        if jax.process_count() == 1:
+            raise
+        first_line = str(error).strip().splitlines()[0][:300]
+        print(f"error: process {jax.process_index()} lost contact with another process of "
+              f"this {jax.process_count()}-process run ({first_line}); stopping. The last "
+              "checkpoint is intact: --resume it once every process is back.",
+              file=sys.stderr, flush=True)
+        # Leave at once: a normal exit would wait in jax.distributed's shutdown barrier for
+        # the dead peer, then abort.
+        os._exit(1)
+
+
+def same_everywhere(params, replicated: bool):
+    """Several processes: check that every process ends with the same parameters (a CRC of
+    them compared with process 0's; data-parallel: also every local device's copy), else fail.
+    """
+    if replicated:  # every device holds a copy: all of this process's must agree
+        copies = [[np.asarray(s.data) for s in leaf.addressable_shards]
+                  for leaf in jax.tree.leaves(params)]
+        if any(not np.array_equal(c, cs[0]) for cs in copies for c in cs):
+            fail(f"process {jax.process_index()}: the devices' parameters differ.", code=1)
+        host = [cs[0] for cs in copies]
+    else:
+        host = jax.tree.leaves(fetch(params))
+    crc = zlib.crc32(b"".join(np.ascontiguousarray(x).tobytes() for x in host)) & 0x7FFFFFFF
+    if from_process_0(crc) != crc:
+        fail(f"process {jax.process_index()} ended with parameters that differ from process "
+             "0's.", code=1)
+
+
+def from_process_0(value: int) -> int:
+    """Process 0's `value` on every process (itself with one process)."""
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+    return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
+
+

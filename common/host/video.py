@@ -1,0 +1,45 @@
+"""GIFs of one episode, drawn with gymnax's own renderers (`gymnax.visualize`, through
+matplotlib; classic control also needs gymnasium's pygame renderer, MinAtar needs seaborn).
+The optional packages are imported only here, and `check_renderer` says which are missing
+before anything is drawn.
+"""
+
+import importlib.util
+
+import numpy as np
+
+_CLASSIC = ("gymnasium", "pygame")
+RENDERERS = {
+    **dict.fromkeys(("CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCar-v0",
+                     "MountainCarContinuous-v0"), _CLASSIC),
+    **dict.fromkeys(("Asterix-MinAtar", "Breakout-MinAtar", "Freeway-MinAtar",
+                     "Seaquest-MinAtar", "SpaceInvaders-MinAtar", "Pong-misc"), ("seaborn",)),
+    **dict.fromkeys(("Catch-bsuite", "PointRobot-misc", "MetaMaze-misc", "FourRooms-misc"), ()),
+}
+"""gymnax 1.0's renderers (`gymnax.visualize.Visualizer`): env id -> what they import besides
+matplotlib."""
+_INSTALL = {"matplotlib": "pip install -e '.[bench]'", "gymnasium": "pip install "
+            "'gymnasium[classic-control]'", "pygame": "pip install 'gymnasium[classic-control]'",
+            "seaborn": "pip install seaborn"}
+
+
+def check_renderer(env_id: str):
+    """Raise `ValueError` (one line) unless a GIF of `env_id` can be drawn here."""
+    if env_id not in RENDERERS:
+        raise ValueError(f"--capture-video: gymnax has no renderer for {env_id!r}, so no GIF can "
+                         f"be made of it (it has renderers for {', '.join(RENDERERS)}).")
+    missing = [m for m in ("matplotlib", *RENDERERS[env_id]) if importlib.util.find_spec(m) is None]
+    if missing:
+        fixes = " and ".join(dict.fromkeys(_INSTALL[m] for m in missing))
+        raise ValueError(f"--capture-video for {env_id} needs {', '.join(missing)} "
+                         f"(not installed): {fixes}.")
+
+
+def save_gif(env, env_params, states, rewards, path: str):
+    """Draw gymnax states (a list, one per frame) into a GIF with `gymnax.visualize`."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    from gymnax.visualize import Visualizer
+
+    Visualizer(env, env_params, states, np.cumsum(rewards)).animate(path)

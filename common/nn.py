@@ -1,0 +1,111 @@
+"""The layers all three algorithms build their networks from: `Dense`, `Conv`, `orthogonal`.
+
+Each is a drop-in for its flax counterpart (the same parameter names, shapes, initialisation
+and outputs, to float rounding); they differ only in how XLA runs them.
+
+- `orthogonal(scale)`: `flax.linen.initializers.orthogonal` (Saxe, McClelland, Ganguli 2014,
+  arXiv:1312.6120, the initialiser of PPO, A2C and IMPALA implementations since OpenAI
+  Baselines), batched *sequentially* under `vmap`. Vmapped over seeds, flax's version is a
+  batched QR, which jaxlib 0.10.0-0.10.2 on CPU splits onto XLA's thread pool and then waits
+  for on a thread of that same pool: with as many such calls in flight as threads, the
+  process stops at 0% CPU forever, even plain `jit(vmap(train))` on one device.
+  `jax.custom_batching.sequential_vmap` runs one unbatched QR per seed: the same numbers.
+- `Dense`: `nn.Dense` whose weight gradient `x^T @ g` is computed as an ordinary product of a
+  materialised transpose. Autodiff writes it as one dot contracting the batch axis of both
+  operands, which XLA:CPU (jaxlib 0.10) does not hand to its fast (YNNPACK) kernels; in PPO's
+  CartPole update it took twice the time of the forward products. Other backends use plain
+  autodiff.
+- `Conv`: `nn.Conv(features, kernel_size)` with stride 1 and 'SAME' padding, computed as one
+  matrix product over the kh*kw shifted copies of the padded image (im2col),
+      y[..., i, j, f] = b[f] + sum_{di, dj, c} x_pad[..., i + di, j + dj, c] K[di, dj, c, f].
+  XLA:CPU runs a convolution inside a training loop slowly, and a vmapped one (a kernel per
+  seed) as a grouped convolution, slower still; a matrix product batches well.
+"""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def orthogonal(scale: float = 1.0):
+    """`flax.linen.initializers.orthogonal(scale)`, batched sequentially under `vmap`."""
+    base = nn.initializers.orthogonal(scale)
+
+    def init(key, shape, dtype=jnp.float32):
+        return jax.custom_batching.sequential_vmap(lambda k: base(k, shape, dtype))(key)
+
+    return init
+
+
+@jax.custom_vjp
+def _matmul(x, kernel):
+    return x @ kernel
+
+
+def _matmul_fwd(x, kernel):
+    return x @ kernel, (x, kernel)
+
+
+def _matmul_bwd(residuals, g):
+    x, kernel = residuals
+    rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731  [..., n] -> [batch, n]
+    x_transposed = lax.optimization_barrier(rows(x).T)  # kept as an array, not folded back
+    return g @ kernel.T, x_transposed @ rows(g)
+
+
+_matmul.defvjp(_matmul_fwd, _matmul_bwd)
+
+
+def matmul(x, kernel):
+    """`x` [..., in] @ `kernel` [in, out], with the weight gradient above on CPU."""
+    return _matmul(x, kernel) if jax.default_backend() == "cpu" else x @ kernel
+
+
+def _dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+    """`lax.dot_general` for `nn.Dense`: its one contraction (last axis of `lhs` with the first
+    of `rhs`) goes through `matmul`, anything else to `lax.dot_general` unchanged."""
+    (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
+    dense_form = (tuple(lhs_contract) == (lhs.ndim - 1,) and tuple(rhs_contract) == (0,)
+                  and not lhs_batch and not rhs_batch and rhs.ndim == 2)
+    if not dense_form or precision is not None or preferred_element_type is not None:
+        return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                               preferred_element_type=preferred_element_type)
+    return matmul(lhs, rhs)
+
+
+Dense = functools.partial(nn.Dense, dot_general=_dot_general)
+"""`nn.Dense` with the weight gradient above; use it wherever `nn.Dense` would be used."""
+
+
+def conv_same(x, kernel, bias):
+    """`x` [..., H, W, C] convolved ('SAME', stride 1) with `kernel` [kh, kw, C, F] (odd kh,
+    kw), plus `bias` [F]: [..., H, W, F]."""
+    kh, kw, channels, features = kernel.shape
+    if kh % 2 == 0 or kw % 2 == 0 or x.shape[-1] != channels:
+        raise ValueError(f"conv_same: kernel {kernel.shape} needs odd sizes and {channels} "
+                         f"input channels; got an input of shape {x.shape}.")
+    height, width = x.shape[-3], x.shape[-2]
+    pad = [(0, 0)] * (x.ndim - 3) + [(kh // 2, kh // 2), (kw // 2, kw // 2), (0, 0)]
+    padded = jnp.pad(x, pad)
+    patches = jnp.concatenate([padded[..., i:i + height, j:j + width, :]
+                               for i in range(kh) for j in range(kw)], axis=-1)
+    return patches @ kernel.reshape(kh * kw * channels, features) + bias
+
+
+class Conv(nn.Module):
+    """`flax.linen.Conv(features, kernel_size)` (stride 1, 'SAME'), computed by `conv_same`."""
+
+    features: int
+    kernel_size: tuple
+    kernel_init: object = nn.initializers.lecun_normal()
+    bias_init: object = nn.initializers.zeros
+
+    @nn.compact
+    def __call__(self, x):
+        kernel = self.param("kernel", self.kernel_init,
+                            (*self.kernel_size, x.shape[-1], self.features))
+        bias = self.param("bias", self.bias_init, (self.features,))
+        return conv_same(x, kernel, bias)
