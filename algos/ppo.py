@@ -42,10 +42,9 @@ from common import distributed, normalize
 from common.distributed import pmean
 from common.envs import EnvSpec, check_env_id, make_env
 from common.gae import gae
-from common.minibatch import shuffled_minibatches
+from common.minibatch import flat_optimizer, shuffled_minibatches
 from common.nn import Conv, Dense, orthogonal
 from common.rollout import EnvState, finished_episode_stats, reset, rollout
-from common.scan import packed_scan
 from common.validate import one_of, optional_positive, require
 
 
@@ -306,12 +305,12 @@ def make_train(config: Config, live_progress: bool = False):
         return hp.learning_rate
 
     def make_optimizer(hp: HParams, lr):
-        """Global-norm gradient clipping, then Adam with step size `lr`. (`optax.flatten` runs
-        them on one vector, the same numbers in fewer kernels: faster on CPU. A
+        """Global-norm gradient clipping, then Adam with step size `lr`. (`flat_optimizer`
+        runs them on one vector, the same numbers in fewer kernels: faster on CPU. A
         transformation that looks at the parameters' tree, such as `optax.masked`, goes
         outside it.)"""
-        return optax.flatten(optax.chain(optax.clip_by_global_norm(hp.max_grad_norm),
-                                         optax.adam(lr, eps=hp.opt_eps)))
+        return flat_optimizer(optax.chain(optax.clip_by_global_norm(hp.max_grad_norm),
+                                          optax.adam(lr, eps=hp.opt_eps)))
 
     def loss_fn(params, hp: HParams, obs_stats, batch: Transition):
         obs = normalize.normalize(obs_stats, batch.obs) if config.normalize_obs else batch.obs
@@ -364,9 +363,7 @@ def make_train(config: Config, live_progress: bool = False):
                 return (optax.apply_updates(params, updates), opt_state), info
 
             batches = shuffled_minibatches(key, data, config.num_minibatches)
-            # = lax.scan(minibatch, ...), its carry packed while it runs (speed on CPU only)
-            (new_params, new_opt_state), info = packed_scan(
-                minibatch, (params, opt_state), batches, matrices_apart=True)
+            (new_params, new_opt_state), info = lax.scan(minibatch, (params, opt_state), batches)
             if config.target_kl is None:
                 return (new_params, new_opt_state, stopped), (info, jnp.float32(1))
             # KL early stop: once an epoch ends above target_kl, skip the remaining ones.

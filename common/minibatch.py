@@ -52,3 +52,41 @@ def shuffled_minibatches(key, batch, num_minibatches: int):
     order = permutation(key, batch_size)
     return jax.tree.map(
         lambda x: x[order].reshape((num_minibatches, -1) + x.shape[1:]), batch)
+
+
+def flat_optimizer(inner):
+    """`optax.flatten(inner)` with the vectors first: `inner` runs on one flat vector holding
+    every leaf of fewer than two dimensions (biases, log-std), then every matrix, in tree order.
+
+    The same numbers as `inner` on the tree for any elementwise transformation (clipping by
+    global norm, Adam, RMSprop), in far fewer kernels. Vectors first, so that unravelling an
+    update slices each matrix out whole; in the tree's order, under `vmap` XLA:CPU gathers the
+    biases from pieces, a kernel each. A transformation that looks at the tree's structure
+    (`optax.masked`, per-layer rates) must go outside it.
+    """
+    import optax
+
+    def ravel(tree):
+        leaves = jax.tree.leaves(tree)
+        return jnp.concatenate([jnp.ravel(x) for x in leaves if x.ndim < 2] +
+                               [jnp.ravel(x) for x in leaves if x.ndim >= 2])
+
+    def unravel(flat, template):
+        leaves, treedef = jax.tree.flatten(template)
+        order = [i for i, x in enumerate(leaves) if x.ndim < 2] + \
+            [i for i, x in enumerate(leaves) if x.ndim >= 2]
+        out, offset = [None] * len(leaves), 0
+        for i in order:
+            out[i] = jnp.reshape(flat[offset:offset + leaves[i].size], leaves[i].shape)
+            offset += leaves[i].size
+        return jax.tree.unflatten(treedef, out)
+
+    def init(params):
+        return inner.init(ravel(params))
+
+    def update(updates, state, params=None):
+        flat, state = inner.update(ravel(updates), state,
+                                   None if params is None else ravel(params))
+        return unravel(flat, updates), state
+
+    return optax.GradientTransformation(init, update)
