@@ -8,6 +8,7 @@ without importing gymnax, so a config can refuse an unknown id without starting 
 
 import ast
 import difflib
+import functools
 import importlib.util
 import os
 import sys
@@ -41,16 +42,22 @@ def known_env_ids() -> list[str]:
     from the id list in its `registration.py`, parsed without running it (no JAX starts)."""
     if "gymnax" in sys.modules:
         return list(sys.modules["gymnax"].registered_envs)
+    return list(_builtin_env_ids())
+
+
+@functools.cache
+def _builtin_env_ids() -> tuple[str, ...]:
+    """gymnax's built-in ids from its `registration.py`, read once."""
     spec = importlib.util.find_spec("gymnax")
     path = os.path.join(spec.submodule_search_locations[0], "registration.py")
     with open(path) as f:
         for node in ast.parse(f.read()).body:
             if isinstance(node, ast.Assign) and any(
                     getattr(t, "id", None) == "_BUILTIN_ENV_IDS" for t in node.targets):
-                return list(ast.literal_eval(node.value))
+                return tuple(ast.literal_eval(node.value))
     import gymnax  # another gymnax layout: ask it (this starts JAX)
 
-    return list(gymnax.registered_envs)
+    return tuple(gymnax.registered_envs)
 
 
 def check_env_id(env_id: str):

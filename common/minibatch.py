@@ -1,18 +1,21 @@
-"""Shuffled minibatches: one epoch's split of a batch into random, disjoint minibatches.
+"""Minibatch SGD pieces: the shuffle that splits a batch into random, disjoint minibatches,
+and `flat_optimizer`, an optax optimiser run on one flat vector (the same numbers, fewer
+kernels on CPU).
 
 `permutation` draws the shuffle the way `jax.random.permutation` does (sort the indices by
 random 32-bit keys, in enough rounds that equal keys leave no measurable bias), with one
 change for speed: each index rides in the low bits of its own sort key, so XLA sorts a single
 `uint32` array with its built-in comparison instead of (key, index) pairs with a compiled
 comparator. On CPU that is about 2x faster for PPO's 512-sample batches (it takes two rounds
-where `jax.random.permutation` takes one, and is still faster), where the permutations had
-taken about 8% of a CartPole run.
+where `jax.random.permutation` takes one, and is still faster), where the permutations take
+about 8% of a CartPole run with `jax.random.permutation`.
 """
 
 import math
 
 import jax
 import jax.numpy as jnp
+import optax
 from jax import lax
 
 
@@ -64,7 +67,6 @@ def flat_optimizer(inner):
     biases from pieces, a kernel each. A transformation that looks at the tree's structure
     (`optax.masked`, per-layer rates) must go outside it.
     """
-    import optax
 
     def ravel(tree):
         leaves = jax.tree.leaves(tree)

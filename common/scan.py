@@ -25,29 +25,19 @@ import jax.numpy as jnp
 from jax import lax
 
 
-def packing(template, matrices_apart: bool = False):
+def packing(template):
     """`(pack, unpack)` for pytrees with the structure, shapes and dtypes of `template`.
 
     `pack(tree)` flattens every leaf's trailing dimensions (those of its template leaf) and
     concatenates the leaves of each dtype along the last axis: a tuple of arrays shaped
     `[*lead, n_dtype]`, one per dtype, where `lead` is any leading shape the leaves share
     beyond their template's (a scan's time axis, say). `unpack` inverts it exactly.
-    `matrices_apart`: leaves of two or more dimensions each keep an array of their own (after
-    the packed ones), so that a matrix product reads its operand without a copy.
     """
     leaves, treedef = jax.tree.flatten(template)
     shapes = [tuple(jnp.shape(x)) for x in leaves]
     kinds = [jnp.result_type(x) for x in leaves]
     dtypes = sorted(set(kinds), key=str)
     slot = [dtypes.index(k) for k in kinds]  # which packed array each leaf goes to
-    if matrices_apart:
-        for i, shape in enumerate(shapes):
-            if len(shape) >= 2:
-                slot[i] = len(dtypes)
-                dtypes.append(kinds[i])
-        used = sorted(set(slot))  # drop a dtype's packed array if all its leaves are apart
-        slot = [used.index(s) for s in slot]
-        dtypes = [dtypes[s] for s in used]
     offsets, ends = [], [0] * len(dtypes)
     for s, shape in zip(slot, shapes):
         offsets.append(ends[s])
@@ -75,13 +65,12 @@ def packing(template, matrices_apart: bool = False):
     return pack, unpack
 
 
-def packed_scan(f: Callable, init, xs, length: int | None = None, matrices_apart: bool = False):
+def packed_scan(f: Callable, init, xs, length: int | None = None):
     """`lax.scan(f, init, xs, length)` with the carry, the per-step inputs and the per-step
-    outputs each packed into one array per dtype while the loop runs (`matrices_apart`: the
-    carry's matrices kept apart, see `packing`)."""
+    outputs each packed into one array per dtype while the loop runs."""
     x0 = jax.tree.map(lambda x: x[0], xs)
     carry_shape, y_shape = jax.eval_shape(f, init, x0)
-    pack_c, unpack_c = packing(carry_shape, matrices_apart)
+    pack_c, unpack_c = packing(carry_shape)
     pack_x, unpack_x = packing(x0)
     pack_y, unpack_y = packing(y_shape)
 

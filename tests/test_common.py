@@ -329,13 +329,14 @@ def test_packed_scan_equals_lax_scan_on_mixed_dtypes_and_packing_round_trips():
         np.testing.assert_array_equal(g, w)
 
 
-def test_packed_scan_with_matrices_apart_runs_any_optax_sgd_as_lax_scan():
-    """The minibatch loop's packing (`matrices_apart`) is invisible to the optimiser: SGD
-    steps with a masked weight decay (decaying only the matrices) and Adam, or with Adam
-    flattened by `optax.flatten`, give the parameters and optimiser state of `lax.scan`."""
+def test_flat_optimizer_equals_its_optimizer_on_the_tree_also_beside_a_masked_one():
+    """`flat_optimizer` (PPO's clipping and Adam on one flat vector) gives the parameters and
+    updates of the same optimiser on the tree, over several SGD steps, also under `vmap`; a
+    transformation that looks at the tree (`optax.masked` weight decay on the matrices only)
+    goes beside it, outside, and still acts only on the matrices."""
     import optax
 
-    from common.scan import packed_scan, packing
+    from common.minibatch import flat_optimizer
 
     k = jax.random.split(jax.random.PRNGKey(0), 6)
     params = {"a": {"kernel": jax.random.normal(k[0], (4, 3)),
@@ -351,31 +352,36 @@ def test_packed_scan_with_matrices_apart_runs_any_optax_sgd_as_lax_scan():
         return jnp.mean(jnp.square(h @ p["b"]["kernel"] + p["b"]["bias"] - y)) + \
             jnp.sum(p["log_std"] ** 2)
 
-    matrices = lambda p: jax.tree.map(lambda x: x.ndim == 2, p)  # noqa: E731
-    optimizers = {
-        "masked": optax.chain(optax.masked(optax.add_decayed_weights(0.1), matrices),
-                              optax.clip_by_global_norm(0.5), optax.adam(1e-2)),
-        "flattened": optax.flatten(optax.chain(optax.clip_by_global_norm(0.5),
-                                               optax.adam(1e-2))),
-    }
-    for name, optimizer in optimizers.items():
+    def sgd(optimizer, params):
         def step(carry, batch):
             p, s = carry
-            g = jax.grad(loss)(p, batch)
-            updates, s = optimizer.update(g, s, p)
-            return (optax.apply_updates(p, updates), s), loss(p, batch)
+            updates, s = optimizer.update(jax.grad(loss)(p, batch), s, p)
+            return (optax.apply_updates(p, updates), s), None
 
-        init = (params, optimizer.init(params))
-        want = jax.jit(lambda c, b: jax.lax.scan(step, c, b))(init, batches)
-        got = jax.jit(lambda c, b: packed_scan(step, c, b, matrices_apart=True))(init, batches)
+        return jax.lax.scan(step, (params, optimizer.init(params)), batches)[0][0]
+
+    inner = lambda: optax.chain(optax.clip_by_global_norm(0.5), optax.adam(1e-2))  # noqa: E731
+    matrices = lambda p: jax.tree.map(lambda x: x.ndim == 2, p)  # noqa: E731
+    decay = lambda: optax.masked(optax.add_decayed_weights(0.1), matrices)  # noqa: E731
+    cases = {"alone": (inner(), flat_optimizer(inner())),
+             "beside masked": (optax.chain(decay(), inner()),
+                               optax.chain(decay(), flat_optimizer(inner())))}
+    for name, (on_tree, flat) in cases.items():
+        want, got = jax.jit(lambda p: sgd(on_tree, p))(params), \
+            jax.jit(lambda p: sgd(flat, p))(params)
         assert jax.tree.structure(got) == jax.tree.structure(want), name
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7, err_msg=name)
-        changed = jax.tree.map(lambda a, b: bool(jnp.any(a != b)), got[0][0], params)
+        changed = jax.tree.map(lambda a, b: bool(jnp.any(a != b)), got, params)
         assert all(jax.tree.leaves(changed)), name  # every leaf was trained
-    # the packing: the vectors in one array, each matrix in its own, and back exactly
-    pack, unpack = packing(params, matrices_apart=True)
-    packed = pack(params)
-    assert [p.shape for p in packed] == [(7,), (12,), (6,)]  # the vectors, then each matrix
-    for g, w in zip(jax.tree.leaves(unpack(packed)), jax.tree.leaves(params)):
-        np.testing.assert_array_equal(g, w)
+    # under vmap over two parameter sets (seeds): each as alone
+    stacked = jax.tree.map(lambda x: jnp.stack([x, 2 * x]), params)
+    batched = jax.jit(jax.vmap(lambda p: sgd(flat_optimizer(inner()), p)))(stacked)
+    for i in range(2):
+        alone = sgd(inner(), jax.tree.map(lambda x: x[i], stacked))
+        for g, w in zip(jax.tree.leaves(batched), jax.tree.leaves(alone)):
+            np.testing.assert_allclose(g[i], w, rtol=1e-5, atol=1e-6)
+    # the masked decay acts: with it the matrices end elsewhere
+    no_decay = jax.jit(lambda p: sgd(flat_optimizer(inner()), p))(params)
+    with_decay = jax.jit(lambda p: sgd(optax.chain(decay(), flat_optimizer(inner())), p))(params)
+    assert not np.allclose(no_decay["a"]["kernel"], with_decay["a"]["kernel"])

@@ -17,6 +17,15 @@ METRICS = {"global_step", "episodic_return", "episodic_length", "learning_rate",
            "policy_loss", "entropy", "approx_kl", "clipfrac", "explained_variance"}
 
 
+def random_batch(n: int) -> Transition:
+    """A batch of `n` CartPole samples with random observations, actions, advantages and
+    returns, recorded under a uniform policy (log-prob log 0.5) with values 0."""
+    k = jax.random.split(jax.random.PRNGKey(1), 4)
+    return Transition(jax.random.normal(k[0], (n, 4)), jax.random.randint(k[1], (n,), 0, 2),
+                      jnp.full((n,), jnp.log(0.5)), jnp.zeros((n,)),
+                      jax.random.normal(k[2], (n,)), jax.random.normal(k[3], (n,)))
+
+
 @pytest.fixture(scope="module")
 def tiny():
     """One compiled single run and one compiled 3-seed vmapped run of the tiny config."""
@@ -102,11 +111,7 @@ def test_learn_steps_at_the_learning_rate_of_the_update_it_is_given():
     config = dataclasses.replace(TINY, num_minibatches=1, update_epochs=1)
     train = make_train(config)
     state = jax.jit(train.init)(jax.random.PRNGKey(0))
-    k = jax.random.split(jax.random.PRNGKey(1), 4)
-    n = config.batch_size
-    data = Transition(jax.random.normal(k[0], (n, 4)), jax.random.randint(k[1], (n,), 0, 2),
-                      jnp.full((n,), jnp.log(0.5)), jnp.zeros((n,)),
-                      jax.random.normal(k[2], (n,)), jax.random.normal(k[3], (n,)))
+    data = random_batch(config.batch_size)
     learn = jax.jit(train.learn, static_argnums=4)
     num_updates = config.num_updates
 
@@ -222,11 +227,7 @@ def test_learn_is_plain_minibatch_sgd_with_optax_on_the_parameter_tree():
     config = dataclasses.replace(TINY, num_minibatches=2, update_epochs=2, anneal_lr=False)
     train = make_train(config)
     state = jax.jit(train.init)(jax.random.PRNGKey(0))
-    k = jax.random.split(jax.random.PRNGKey(1), 4)
-    n = config.batch_size
-    data = Transition(jax.random.normal(k[0], (n, 4)), jax.random.randint(k[1], (n,), 0, 2),
-                      jnp.full((n,), jnp.log(0.5)), jnp.zeros((n,)),
-                      jax.random.normal(k[2], (n,)), jax.random.normal(k[3], (n,)))
+    data = random_batch(config.batch_size)
     key = jax.random.PRNGKey(2)
     params, opt_state, _, _ = jax.jit(train.learn, static_argnums=4)(
         state, config.hparams(), data, key, 0)

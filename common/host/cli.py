@@ -53,8 +53,7 @@ return); every other metric and every parameter is checked for NaN/inf after eac
 def main(algo: str, config_cls, make_train, argv=None):
     """`python algos/<algo>.py [flags]`: parse, set up JAX, build `train`, train and log."""
     config, run = parse(algo, config_cls, argv)
-    logger.enable_compilation_cache()  # before anything compiles
-    setup_devices(run)  # before anything starts JAX's backend
+    setup_devices(run)  # before anything starts JAX's backend (make_env does)
     from common.host.prng import unroll_threefry_on_cpu
 
     unroll_threefry_on_cpu()  # the command line's choice: the same random bits, faster on CPU
