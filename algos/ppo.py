@@ -42,7 +42,7 @@ from common import distributed, normalize
 from common.distributed import pmean
 from common.envs import EnvSpec, check_env_id, make_env
 from common.gae import gae
-from common.minibatch import flat_optimizer, shuffled_minibatches
+from common.minibatch import flat_optimizer, sgd_scan, shuffled_minibatches
 from common.nn import Conv, Dense, orthogonal
 from common.rollout import EnvState, finished_episode_stats, reset, rollout
 from common.validate import one_of, optional_positive, require
@@ -353,17 +353,12 @@ def make_train(config: Config, live_progress: bool = False):
 
         def epoch(carry, key):
             params, opt_state, stopped = carry
-
-            def minibatch(carry, batch: Transition):
-                params, opt_state = carry
-                grads, info = jax.grad(loss_fn, has_aux=True)(
-                    params, hp, state.obs_stats, distributed.device_share(batch))
-                grads, info = pmean((grads, info))  # data-parallel: average over devices
-                updates, opt_state = optimizer.update(grads, opt_state, params)
-                return (optax.apply_updates(params, updates), opt_state), info
-
+            # data-parallel: each device's share of a minibatch, gradients averaged (pmean)
+            loss = lambda p, batch: loss_fn(  # noqa: E731
+                p, hp, state.obs_stats, distributed.device_share(batch))
             batches = shuffled_minibatches(key, data, config.num_minibatches)
-            (new_params, new_opt_state), info = lax.scan(minibatch, (params, opt_state), batches)
+            new_params, new_opt_state, info = sgd_scan(loss, optimizer, params, opt_state,
+                                                       batches, reduce=pmean)
             if config.target_kl is None:
                 return (new_params, new_opt_state, stopped), (info, jnp.float32(1))
             # KL early stop: once an epoch ends above target_kl, skip the remaining ones.

@@ -12,6 +12,7 @@ about 8% of a CartPole run with `jax.random.permutation`.
 """
 
 import math
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -57,38 +58,123 @@ def shuffled_minibatches(key, batch, num_minibatches: int):
         lambda x: x[order].reshape((num_minibatches, -1) + x.shape[1:]), batch)
 
 
-def flat_optimizer(inner):
+class FlatOptimizer(NamedTuple):
+    """An optax optimiser on parameter trees that runs `inner` on one flat vector
+    (`flat_optimizer`)."""
+
+    init: Callable
+    update: Callable
+    inner: optax.GradientTransformation
+    """The optimiser of the flat vector: every leaf of fewer than two dimensions, then every
+    matrix, in tree order (`vector_form`'s `ravel`)."""
+
+
+def flat_optimizer(inner) -> FlatOptimizer:
     """`optax.flatten(inner)` with the vectors first: `inner` runs on one flat vector holding
     every leaf of fewer than two dimensions (biases, log-std), then every matrix, in tree order.
 
     The same numbers as `inner` on the tree for any elementwise transformation (clipping by
-    global norm, Adam, RMSprop), in far fewer kernels. Vectors first, so that unravelling an
-    update slices each matrix out whole; in the tree's order, under `vmap` XLA:CPU gathers the
-    biases from pieces, a kernel each. A transformation that looks at the tree's structure
+    global norm, Adam, RMSprop), in far fewer kernels, and `sgd_scan` steps it without
+    taking the vector apart. A transformation that looks at the tree's structure
     (`optax.masked`, per-layer rates) must go outside it.
     """
 
-    def ravel(tree):
-        leaves = jax.tree.leaves(tree)
-        return jnp.concatenate([jnp.ravel(x) for x in leaves if x.ndim < 2] +
-                               [jnp.ravel(x) for x in leaves if x.ndim >= 2])
-
-    def unravel(flat, template):
-        leaves, treedef = jax.tree.flatten(template)
-        order = [i for i, x in enumerate(leaves) if x.ndim < 2] + \
-            [i for i, x in enumerate(leaves) if x.ndim >= 2]
-        out, offset = [None] * len(leaves), 0
-        for i in order:
-            out[i] = jnp.reshape(flat[offset:offset + leaves[i].size], leaves[i].shape)
-            offset += leaves[i].size
-        return jax.tree.unflatten(treedef, out)
-
     def init(params):
-        return inner.init(ravel(params))
+        return inner.init(vector_form(params).ravel(vector_form(params).to_carry(params)))
 
     def update(updates, state, params=None):
-        flat, state = inner.update(ravel(updates), state,
-                                   None if params is None else ravel(params))
-        return unravel(flat, updates), state
+        form = vector_form(updates)
+        flat, state = inner.update(form.ravel(form.to_carry(updates)), state,
+                                   None if params is None else form.ravel(form.to_carry(params)))
+        return form.to_params(form.unravel(flat)), state
 
-    return optax.GradientTransformation(init, update)
+    return FlatOptimizer(init, update, inner)
+
+
+class VectorForm(NamedTuple):
+    """Conversions between a parameter tree and its vector form `(vector, matrices)`: every
+    leaf of fewer than two dimensions flattened into one vector, and the matrices as they are,
+    both in tree order. They only move data."""
+
+    to_carry: Callable
+    to_params: Callable
+    ravel: Callable
+    """`(vector, matrices)` -> one flat vector: the vector, then each matrix row-major."""
+    unravel: Callable
+
+
+def vector_form(template) -> VectorForm:
+    """The `VectorForm` of trees shaped like `template` (parameters, gradients, updates)."""
+    leaves, treedef = jax.tree.flatten(template)
+    is_matrix = [jnp.ndim(x) >= 2 for x in leaves]
+    shapes = [tuple(jnp.shape(x)) for x in leaves]
+    sizes = [math.prod(s) for s in shapes]
+    vector_size = sum(n for n, m in zip(sizes, is_matrix) if not m)
+
+    def to_carry(tree):
+        leaves = jax.tree.leaves(tree)
+        vectors = [jnp.ravel(x) for x, m in zip(leaves, is_matrix) if not m]
+        return (jnp.concatenate(vectors) if vectors else jnp.zeros((0,), jnp.float32),
+                tuple(x for x, m in zip(leaves, is_matrix) if m))
+
+    def to_params(carry):
+        vector, matrices = carry
+        out, next_matrix, offset = [], iter(matrices), 0
+        for m, shape, n in zip(is_matrix, shapes, sizes):
+            if m:
+                out.append(next(next_matrix))
+            else:
+                out.append(jnp.reshape(vector[offset:offset + n], shape))
+                offset += n
+        return jax.tree.unflatten(treedef, out)
+
+    def ravel(carry):
+        vector, matrices = carry
+        return jnp.concatenate([vector] + [jnp.ravel(m) for m in matrices])
+
+    def unravel(flat):
+        matrices, offset = [], vector_size
+        for m, shape, n in zip(is_matrix, shapes, sizes):
+            if m:
+                matrices.append(jnp.reshape(flat[offset:offset + n], shape))
+                offset += n
+        return flat[:vector_size], tuple(matrices)
+
+    return VectorForm(to_carry, to_params, ravel, unravel)
+
+
+def sgd_scan(loss_fn, optimizer, params, opt_state, batches, reduce=lambda tree: tree):
+    """Minibatch SGD, one step per minibatch of `batches` (a pytree, leading axis: the steps):
+
+        grads, aux = grad(loss_fn, has_aux=True)(params, batch);  grads, aux = reduce(...)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+
+    as one `lax.scan`; `reduce` is applied to `(grads, aux)` (e.g. `pmean` over devices).
+    Returns `(params, opt_state, aux)`, `aux` stacked over the steps. Trees in, trees out,
+    any optax optimiser. With a `flat_optimizer` the loop carries the parameters in their
+    `vector_form` and steps that form with the flat optimiser directly: the same numbers, and
+    on XLA:CPU no bias is cut out of a vector and joined back in each step (for PPO on
+    CartPole under `vmap`, about a quarter of the run's time).
+    """
+    if not isinstance(optimizer, FlatOptimizer):
+        def step(carry, batch):
+            p, s = carry
+            grads, aux = reduce(jax.grad(loss_fn, has_aux=True)(p, batch))
+            updates, s = optimizer.update(grads, s, p)
+            return (optax.apply_updates(p, updates), s), aux
+
+        (params, opt_state), aux = lax.scan(step, (params, opt_state), batches)
+        return params, opt_state, aux
+
+    form = vector_form(params)
+
+    def flat_step(carry, batch):
+        c, s = carry
+        grads, aux = reduce(jax.grad(lambda c: loss_fn(form.to_params(c), batch),
+                                     has_aux=True)(c))
+        updates, s = optimizer.inner.update(form.ravel(grads), s, form.ravel(c))
+        return (optax.apply_updates(c, form.unravel(updates)), s), aux
+
+    (carry, opt_state), aux = lax.scan(flat_step, (form.to_carry(params), opt_state), batches)
+    return form.to_params(carry), opt_state, aux

@@ -329,14 +329,15 @@ def test_packed_scan_equals_lax_scan_on_mixed_dtypes_and_packing_round_trips():
         np.testing.assert_array_equal(g, w)
 
 
-def test_flat_optimizer_equals_its_optimizer_on_the_tree_also_beside_a_masked_one():
-    """`flat_optimizer` (PPO's clipping and Adam on one flat vector) gives the parameters and
-    updates of the same optimiser on the tree, over several SGD steps, also under `vmap`; a
+def test_flat_optimizer_and_sgd_scan_equal_the_optimiser_on_the_tree_also_beside_masked():
+    """`flat_optimizer` (PPO's clipping and Adam on one flat vector) gives the parameters of
+    the same optimiser on the tree, over several SGD steps, also under `vmap`; a
     transformation that looks at the tree (`optax.masked` weight decay on the matrices only)
-    goes beside it, outside, and still acts only on the matrices."""
+    goes beside it, outside. `sgd_scan` (PPO's minibatch loop: the vector form with a flat
+    optimiser, plain trees otherwise) gives the same parameters and optimiser state."""
     import optax
 
-    from common.minibatch import flat_optimizer
+    from common.minibatch import flat_optimizer, sgd_scan
 
     k = jax.random.split(jax.random.PRNGKey(0), 6)
     params = {"a": {"kernel": jax.random.normal(k[0], (4, 3)),
@@ -358,7 +359,7 @@ def test_flat_optimizer_equals_its_optimizer_on_the_tree_also_beside_a_masked_on
             updates, s = optimizer.update(jax.grad(loss)(p, batch), s, p)
             return (optax.apply_updates(p, updates), s), None
 
-        return jax.lax.scan(step, (params, optimizer.init(params)), batches)[0][0]
+        return jax.lax.scan(step, (params, optimizer.init(params)), batches)[0]
 
     inner = lambda: optax.chain(optax.clip_by_global_norm(0.5), optax.adam(1e-2))  # noqa: E731
     matrices = lambda p: jax.tree.map(lambda x: x.ndim == 2, p)  # noqa: E731
@@ -367,21 +368,32 @@ def test_flat_optimizer_equals_its_optimizer_on_the_tree_also_beside_a_masked_on
              "beside masked": (optax.chain(decay(), inner()),
                                optax.chain(decay(), flat_optimizer(inner())))}
     for name, (on_tree, flat) in cases.items():
-        want, got = jax.jit(lambda p: sgd(on_tree, p))(params), \
-            jax.jit(lambda p: sgd(flat, p))(params)
+        want, got = jax.jit(lambda p: sgd(on_tree, p)[0])(params), \
+            jax.jit(lambda p: sgd(flat, p)[0])(params)
         assert jax.tree.structure(got) == jax.tree.structure(want), name
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7, err_msg=name)
         changed = jax.tree.map(lambda a, b: bool(jnp.any(a != b)), got, params)
         assert all(jax.tree.leaves(changed)), name  # every leaf was trained
+        for optimizer in (on_tree, flat):
+            scanned, state, losses = jax.jit(lambda p: sgd_scan(
+                lambda p, b: (loss(p, b), loss(p, b)), optimizer, p, optimizer.init(p),
+                batches))(params)
+            assert losses.shape == (5,), name
+            for g, w in zip(jax.tree.leaves(scanned), jax.tree.leaves(want)):
+                np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7, err_msg=name)
+            expected_state = jax.jit(lambda p: sgd(optimizer, p)[1])(params)
+            for g, w in zip(jax.tree.leaves(state), jax.tree.leaves(expected_state)):
+                np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7, err_msg=name)
     # under vmap over two parameter sets (seeds): each as alone
     stacked = jax.tree.map(lambda x: jnp.stack([x, 2 * x]), params)
-    batched = jax.jit(jax.vmap(lambda p: sgd(flat_optimizer(inner()), p)))(stacked)
+    batched = jax.jit(jax.vmap(lambda p: sgd(flat_optimizer(inner()), p)[0]))(stacked)
     for i in range(2):
-        alone = sgd(inner(), jax.tree.map(lambda x: x[i], stacked))
+        alone = sgd(inner(), jax.tree.map(lambda x: x[i], stacked))[0]
         for g, w in zip(jax.tree.leaves(batched), jax.tree.leaves(alone)):
             np.testing.assert_allclose(g[i], w, rtol=1e-5, atol=1e-6)
     # the masked decay acts: with it the matrices end elsewhere
-    no_decay = jax.jit(lambda p: sgd(flat_optimizer(inner()), p))(params)
-    with_decay = jax.jit(lambda p: sgd(optax.chain(decay(), flat_optimizer(inner())), p))(params)
+    no_decay = jax.jit(lambda p: sgd(flat_optimizer(inner()), p)[0])(params)
+    with_decay = jax.jit(lambda p: sgd(optax.chain(decay(), flat_optimizer(inner())), p)[0])(
+        params)
     assert not np.allclose(no_decay["a"]["kernel"], with_decay["a"]["kernel"])
