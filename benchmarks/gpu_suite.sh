@@ -29,7 +29,7 @@ step 90 $L --algo ppo --env-id Breakout-MinAtar
 step 90 $L --algo ppo --env-id SpaceInvaders-MinAtar
 step 60 $L --algo a2c --env-id Breakout-MinAtar --set num_envs=64
 step 60 $L --algo impala --env-id Breakout-MinAtar
-step 70 $L --algo impala --env-id Breakout-MinAtar --tag adam3e-4mb4 --set optimizer=adam learning_rate=3e-4 num_minibatches=4 update_epochs=2
+step 70 $L --algo impala --env-id Breakout-MinAtar --tag adam3e-4mb4 --set optimizer=adam learning_rate=3e-4 opt_eps=1e-5 num_minibatches=4 update_epochs=2
 # Speed: SPS, compile time and memory as vmapped seeds grow.
 step 120 python3 benchmarks/speed.py --algo ppo --env-id CartPole-v1 --seeds 1 8 32 128 --repeats 2 --out-dir "$OUT/results"
 log done

@@ -6,7 +6,7 @@ set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT/results"; export PYTHONUNBUFFERED=1
 L="python3 benchmarks/learning.py --seeds 8 --total-timesteps 5000000 --out-dir $OUT/results --algo impala --env-id Breakout-MinAtar"
 run() { local lim=$1; shift; echo "=== $*" | tee -a "$OUT/log2.txt"; timeout -k 5 "$lim" "$@" 2>&1 | grep -v -E "WARNING|warn\(|cuda_timer" | tee -a "$OUT/log2.txt"; }
-run 60 $L --tag adam1e-3 --set optimizer=adam learning_rate=1e-3
-run 60 $L --tag rms1e-3eps1e-5 --set learning_rate=1e-3 rms_eps=1e-5
+run 60 $L --tag adam1e-3 --set optimizer=adam learning_rate=1e-3 opt_eps=1e-5
+run 60 $L --tag rms1e-3eps1e-5 --set learning_rate=1e-3 opt_eps=1e-5
 run 80 python3 benchmarks/speed.py --algo impala --env-id CartPole-v1 --seeds 1 32 --repeats 2 --out-dir "$OUT/results"
 echo done

@@ -8,16 +8,15 @@ first, then timed in alternation (ours, theirs, ours, ...) so that machine noise
 alike. Prints compile time, median SPS of each and the ratio of the medians, plus the final
 returns so that speed is not bought with learning. Saves the raw timings as JSON.
 
-PureJaxRL runs as shipped (JAX's default lowerings), and once more compiled with the Threefry
-lowering our `make_train` selects on CPU (`common/prng.py`), so the output also shows how much
-of the ratio that one switch is.
+Ours runs as our command line does, with the Threefry lowering it selects on CPU
+(`common/host/prng.py`). PureJaxRL runs as shipped (JAX's default lowerings), and once more
+compiled with that lowering, so the output also shows how much of the ratio that one switch is.
 
 `--threads N` sets XLA:CPU's thread pool to N threads (`NPROC`, read when JAX starts its CPU
 backend) for both libraries; 0 keeps XLA's default, one per core. On a small program the pool
 costs time: XLA:CPU runs the kernels on the calling thread and, whenever more than 8 are ready
-at once, hands half of them to the pool, waking a thread. Our PPO does that twice per update
-(before commits 617bd9e to f5e167d, also in every rollout step and minibatch; README, "Against
-PureJaxRL"; `benchmarks/cpu_executor.py` shows where). `taskset -c 1 python ...` pins the whole
+at once, hands half of them to the pool, waking a thread (`docs/performance.md`;
+`benchmarks/cpu_executor.py` shows where). `taskset -c 1 python ...` pins the whole
 process to one core, which also leaves a one-thread pool.
 
 PureJaxRL targets the gymnax 0.0.x step API (`done` in one flag); a small adapter below gives it
