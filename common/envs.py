@@ -3,12 +3,15 @@
 gymnax is imported inside `make_env`, not at the top: importing gymnax creates JAX arrays and
 so starts the XLA backend, after which the number of CPU devices and `jax.distributed` can no
 longer be set (`common/host/cli.py` sets them first). `check_env_id` knows every gymnax id
-without importing gymnax, so a config can refuse an unknown id without starting JAX.
+without importing gymnax, so a config can refuse an unknown id without starting JAX, and
+`make_env` imports only the module of the environment it makes (a built-in one, while gymnax
+itself is not imported), not all of them.
 """
 
 import ast
 import difflib
 import functools
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -42,22 +45,71 @@ def known_env_ids() -> list[str]:
     from the id list in its `registration.py`, parsed without running it (no JAX starts)."""
     if "gymnax" in sys.modules:
         return list(sys.modules["gymnax"].registered_envs)
-    return list(_builtin_env_ids())
+    return list(_builtins()[0])
 
 
 @functools.cache
-def _builtin_env_ids() -> tuple[str, ...]:
-    """gymnax's built-in ids from its `registration.py`, read once."""
+def _builtins() -> tuple[tuple[str, ...], dict]:
+    """gymnax's built-in ids and, for each, `(module, class)` of its environment, read once
+    from gymnax's `registration.py` (`_BUILTIN_ENV_IDS` and the `_builtins` table)."""
     spec = importlib.util.find_spec("gymnax")
     path = os.path.join(spec.submodule_search_locations[0], "registration.py")
     with open(path) as f:
-        for node in ast.parse(f.read()).body:
-            if isinstance(node, ast.Assign) and any(
-                    getattr(t, "id", None) == "_BUILTIN_ENV_IDS" for t in node.targets):
-                return tuple(ast.literal_eval(node.value))
-    import gymnax  # another gymnax layout: ask it (this starts JAX)
+        body = ast.parse(f.read()).body
+    ids, modules, factories = None, {}, {}
+    for node in body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gymnax."):
+            modules.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign) else []
+        names = [getattr(t, "id", None) for t in targets]
+        if "_BUILTIN_ENV_IDS" in names:
+            ids = tuple(ast.literal_eval(node.value))
+        if "_builtins" in names and isinstance(node.value, ast.Dict):
+            for key, value in zip(node.value.keys, node.value.values):
+                if isinstance(value, ast.Attribute) and getattr(value.value, "id", None) in modules:
+                    factories[ast.literal_eval(key)] = (modules[value.value.id], value.attr)
+    if ids is None:  # another gymnax layout: ask it (this starts JAX)
+        import gymnax
 
-    return tuple(gymnax.registered_envs)
+        return tuple(gymnax.registered_envs), {}
+    return ids, factories
+
+
+def _import_without_package_inits(name: str):
+    """`importlib.import_module(name)` without running the `__init__` of the packages above
+    it. gymnax's import every environment, and with them matplotlib, seaborn and scipy.stats
+    (about 2 s); one environment's module needs none of it. The packages stand in as bare
+    modules while `name` loads and are removed afterwards, so a later `import gymnax` runs
+    them as usual (and finds the modules loaded here)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    added, path = [], None
+    try:
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            package = ".".join(parts[:i])
+            if package not in sys.modules:
+                spec = importlib.machinery.PathFinder.find_spec(package, path)
+                sys.modules[package] = importlib.util.module_from_spec(spec)
+                added.append(package)
+            path = sys.modules[package].__path__
+        return importlib.import_module(name)
+    finally:
+        for package in added:
+            sys.modules.pop(package, None)
+
+
+def _make_gymnax(env_id: str):
+    """`gymnax.make(env_id)`, importing only that environment's module where it can."""
+    factory = _builtins()[1].get(env_id)
+    if factory is None or "gymnax" in sys.modules:
+        import gymnax
+
+        return gymnax.make(env_id)
+    module, name = factory
+    env = getattr(_import_without_package_inits(module), name)()
+    return env, env.default_params
 
 
 def check_env_id(env_id: str):
@@ -77,10 +129,8 @@ def make_env(env_id: str):
     compiled.
     """
     check_env_id(env_id)
-    import gymnax
-    from gymnax.environments import spaces
-
-    env, env_params = gymnax.make(env_id)
+    env, env_params = _make_gymnax(env_id)
+    spaces = _import_without_package_inits("gymnax.environments.spaces")
     obs_space = env.observation_space(env_params)
     action_space = env.action_space(env_params)
     if isinstance(action_space, spaces.Discrete):

@@ -13,19 +13,9 @@ The one change from the paper's formula is that the end of an episode comes in t
 """
 
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
-
-def check_time_major(fn_name: str, values, **arrays):
-    """Raise a `ValueError` naming the argument whose shape differs from `values`' [T, *batch]."""
-    shape = np.shape(values)
-    for name, x in arrays.items():
-        if np.shape(x) != shape:
-            raise ValueError(f"{fn_name}: `{name}` has shape {np.shape(x)}, expected {shape} "
-                             "(the shape of `values`, time-major [T, *batch]).")
-    if len(shape) < 1:
-        raise ValueError(f"{fn_name}: inputs need a leading time axis, shape [T, *batch].")
+from common.validate import check_time_major
 
 
 def gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda):

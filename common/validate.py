@@ -1,10 +1,13 @@
-"""Checks of a config's fields, run in its `__post_init__`: plain Python, no JAX.
+"""Checks of a config's fields, run in its `__post_init__`, and of array shapes: plain Python
+and NumPy, no JAX.
 
 Each check raises `ValueError` with one line that names the command-line flag, what it must
 be, and the value it got, e.g. `--num-envs must be a positive integer, got 0.`
 """
 
 import math
+
+import numpy as np
 
 
 def flag(name: str) -> str:
@@ -53,3 +56,14 @@ def optional_positive(config, name: str):
     value = getattr(config, name)
     if value is not None and not RULES["positive"][0](value):
         raise ValueError(f"{flag(name)} must be > 0 (or None), got {value!r}.")
+
+
+def check_time_major(fn_name: str, values, **arrays):
+    """Raise a `ValueError` naming the argument whose shape differs from `values`' [T, *batch]."""
+    shape = np.shape(values)
+    for name, x in arrays.items():
+        if np.shape(x) != shape:
+            raise ValueError(f"{fn_name}: `{name}` has shape {np.shape(x)}, expected {shape} "
+                             "(the shape of `values`, time-major [T, *batch]).")
+    if len(shape) < 1:
+        raise ValueError(f"{fn_name}: inputs need a leading time axis, shape [T, *batch].")

@@ -14,7 +14,7 @@ trace, since the next step of the rollout belongs to a new episode.
 import jax.numpy as jnp
 from jax import lax
 
-from common.gae import check_time_major
+from common.validate import check_time_major
 
 
 def vtrace(log_rhos, rewards, values, next_values, terminated, truncated, gamma, lambda_=1.0,

@@ -18,9 +18,14 @@ from {algo} import Config, make_train
 config = Config(env_id="CartPole-v1", total_timesteps=1024, num_envs=4, num_steps=16)
 state, metrics = jax.jit(make_train(config))(jax.random.PRNGKey(0))
 assert np.isfinite(np.asarray(metrics["value_loss"])).all()
-import os, common
-assert os.path.dirname(os.path.abspath(common.__file__)) == os.path.abspath("common"), common.__file__
-assert "common.host" not in sys.modules, sorted(m for m in sys.modules if m.startswith("common"))
+import os
+here = os.path.abspath("common")
+loaded = {{m: getattr(sys.modules[m], "__file__", None) for m in sys.modules
+          if m == "common" or m.startswith("common.")}}
+# every common module came from the copy (an editable install can resolve submodules by name)
+outside = {{m: f for m, f in loaded.items() if not f or os.path.dirname(os.path.abspath(f)) != here}}
+assert not outside, outside
+assert "common.host" not in loaded, sorted(loaded)
 print("trained", metrics["global_step"][-1])
 """
 
