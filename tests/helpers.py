@@ -1,15 +1,67 @@
 """Helpers several test files share."""
 
 import dataclasses
+import functools
 import importlib
+import io
 
 import jax
+import jax.numpy as jnp
 
 from common.host import checkpoint, logger
 from common.host.options import RunOptions
 
+ALGOS = ("ppo", "a2c", "impala")
+
 TINY = dict(total_timesteps=4096, num_envs=4, num_steps=32)
 """A tiny config, valid for all three algorithms."""
+
+TINY_RUNS = {
+    "ppo": dict(total_timesteps=2048, num_envs=4, num_steps=32, num_minibatches=2,
+                update_epochs=2),                                   # 16 updates
+    "a2c": dict(total_timesteps=400, num_envs=4, num_steps=5),      # 20 updates
+    "impala": dict(total_timesteps=4 * 16 * 6, num_envs=4, num_steps=16, actor_lag=2),  # 6
+}
+"""The CartPole configs `tiny_run` compiles, one per algorithm."""
+
+
+def stacked(hparams, n: int):
+    """`n` copies of `hparams` with a leading axis, for `vmap(train)(keys, hparams)`."""
+    return jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + jnp.shape(x)), hparams)
+
+
+class TinyRun:
+    """The tiny CartPole config of `algos/<algo>.py` (`TINY_RUNS`), each program compiled at
+    most once per test process (`tiny_run`).
+
+    `train` is built with `live_progress`, its printer writing to the StringIO
+    `train.progress.stream`; `keys` are 3 seeds. `single` is `jit(train)`, `batched`
+    `jit(vmap(train))`, `init` and `run_updates` the jitted pieces, and `result` (computed on
+    first use) `batched(keys, hp for 3 runs)`. Call `single` and `batched` with explicit
+    hparams, so that each compiles once.
+    """
+
+    def __init__(self, algo: str):
+        self.module = importlib.import_module(f"algos.{algo}")
+        self.config = self.module.Config(env_id="CartPole-v1", **TINY_RUNS[algo])
+        self.hp = self.config.hparams()
+        self.train = self.module.make_train(self.config, live_progress=True)
+        self.train.progress.stream = io.StringIO()
+        self.keys = jax.random.split(jax.random.PRNGKey(42), 3)
+        self.single = jax.jit(self.train)
+        self.batched = jax.jit(jax.vmap(self.train))
+        self.init = jax.jit(self.train.init)
+        self.run_updates = jax.jit(self.train.run_updates)
+
+    @functools.cached_property
+    def result(self):
+        return self.batched(self.keys, stacked(self.hp, 3))
+
+
+@functools.cache
+def tiny_run(algo: str) -> TinyRun:
+    """The `TinyRun` of `algo`, shared by every test of this process."""
+    return TinyRun(algo)
 
 
 def initial_state(algo: str, num_seeds: int = 1, **overrides):

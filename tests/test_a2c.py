@@ -1,14 +1,6 @@
-"""`algos/a2c.py`: jit + vmap, determinism, the hparam sweep, learning, the CLI, and the loss
-against a hand computation of the n-step advantage.
-
-Kept small (2 CPU cores): one tiny config is compiled once per call form and shared through
-module-scoped fixtures.
-"""
-
-import glob
-import os
-import subprocess
-import sys
+"""`algos/a2c.py`: other spaces and options, bad values, and the loss against a hand
+computation of the n-step advantage. What all three algorithms share (shapes, determinism,
+sweeps, learning, the CLI) is checked in `tests/test_algorithms.py`."""
 
 import jax
 import jax.numpy as jnp
@@ -16,107 +8,11 @@ import numpy as np
 import pytest
 
 from algos.a2c import Config, HParams, a2c_loss, main, make_train
-from common.host import logger
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = Config(env_id="CartPole-v1", total_timesteps=400, num_envs=4, num_steps=5)  # 20 updates
-METRICS = {"global_step", "episodic_return", "episodic_length", "learning_rate", "value_loss",
-           "policy_loss", "entropy", "explained_variance"}
 LOSSES = ("value_loss", "policy_loss", "entropy", "explained_variance", "learning_rate")
 
 
-@pytest.fixture(scope="module")
-def single():
-    """`jit(train)` of the tiny config, always called with explicit hparams (one compile)."""
-    return jax.jit(make_train(TINY))
-
-
-@pytest.fixture(scope="module")
-def batched():
-    """`jit(vmap(train))` over keys and hparams (one compile for seeds and sweeps alike)."""
-    return jax.jit(jax.vmap(make_train(TINY)))
-
-
-def stacked_hparams(n, **overrides):
-    """`n` copies of TINY's hparams with a leading axis; `overrides` give per-run values."""
-    hp = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,)), TINY.hparams())
-    return hp._replace(**{k: jnp.asarray(v, jnp.float32) for k, v in overrides.items()})
-
-
-def row(tree, i):
-    return jax.tree.map(lambda x: x[i], tree)
-
-
-def assert_metrics_close(a, b, rtol=1e-5):
-    assert a.keys() == b.keys()
-    for k in a:
-        np.testing.assert_allclose(np.asarray(a[k]), np.asarray(b[k]), rtol=rtol, atol=1e-6,
-                                   err_msg=k)
-
-
-# --------------------------------------------------------------------------------------------
-# jit, vmap, determinism, sweeps
-# --------------------------------------------------------------------------------------------
-def test_jit_vmap_shapes_and_finite_metrics(batched):
-    keys = logger.seed_keys(0, 3)
-    state, metrics = batched(keys, stacked_hparams(3))
-    assert set(metrics) == METRICS
-    for k, v in metrics.items():
-        assert v.shape == (3, TINY.num_updates), k
-    for k in LOSSES:
-        assert np.isfinite(metrics[k]).all(), k
-    np.testing.assert_array_equal(metrics["global_step"][0],
-                                  (np.arange(TINY.num_updates) + 1) * TINY.batch_size)
-    np.testing.assert_allclose(metrics["learning_rate"], TINY.learning_rate, rtol=1e-6)
-    # Episodes finish in 400 CartPole steps: the means are defined on some updates.
-    assert np.isfinite(metrics["episodic_return"]).any()
-    assert state.env.obs.shape == (3, TINY.num_envs, 4)
-
-
-def test_same_key_same_result_and_vmapped_seed_equals_single_run(single, batched):
-    keys = logger.seed_keys(0, 3)
-    _, a = single(keys[1], TINY.hparams())
-    _, b = single(keys[1], TINY.hparams())
-    for k in a:
-        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
-    _, many = batched(keys, stacked_hparams(3))
-    for i in range(3):
-        _, alone = single(keys[i], TINY.hparams())
-        assert_metrics_close(row(many, i), alone)
-    # Different seeds really differ.
-    assert not np.allclose(many["value_loss"][0], many["value_loss"][1])
-
-
-def test_hparam_sweep_element_equals_the_same_run_alone(single, batched):
-    lrs = [1e-3, 3e-3, 1e-4]
-    keys = jnp.stack([jax.random.PRNGKey(7)] * 3)
-    hps = stacked_hparams(3, learning_rate=lrs, ent_coef=[0.0, 0.01, 0.0])
-    _, swept = batched(keys, hps)
-    np.testing.assert_allclose(swept["learning_rate"][:, 0], lrs, rtol=1e-6)
-    for i in range(3):
-        _, alone = single(keys[i], row(hps, i))
-        assert_metrics_close(row(swept, i), alone)
-    assert not np.allclose(swept["value_loss"][0], swept["value_loss"][2])
-
-
-# --------------------------------------------------------------------------------------------
-# Learning
-# --------------------------------------------------------------------------------------------
-def test_learns_cartpole_on_a_small_budget():
-    # Measured with these seeds: first-10% mean return about 24, final about 334 (per seed
-    # 430, 385, 52, 469); thresholds leave room for numerical drift across machines.
-    config = Config(env_id="CartPole-v1", total_timesteps=40_000)
-    _, metrics = jax.jit(jax.vmap(make_train(config)))(logger.seed_keys(0, 4))
-    returns = np.asarray(metrics["episodic_return"])
-    first = np.nanmean(returns[:, : config.num_updates // 10])
-    final = logger.final_return(returns)
-    assert first < 50, first
-    assert final.mean() > 100, final
-
-
-# --------------------------------------------------------------------------------------------
-# Other spaces and options: continuous actions, image observations, normalisation, Adam
-# --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("overrides", [
     dict(env_id="Pendulum-v1", normalize_obs=True, optimizer="adam", anneal_lr=True,
          norm_adv=True, gae_lambda=0.95),
@@ -142,24 +38,6 @@ def test_continuous_actions_and_image_observations_run(overrides, capfd):
         assert f"[a2c {config.env_id}] step {400:>12,}" in out, out
 
 
-def test_chunked_updates_equal_one_call(single):
-    key, hp = jax.random.PRNGKey(5), TINY.hparams()
-    train = make_train(TINY)
-    state, metrics = single(key, hp)
-    run = jax.jit(train.run_updates)
-    chunked, rows = train.init(key, hp), []
-    for first in range(0, TINY.num_updates, 5):
-        chunked, m = run(chunked, hp, jnp.arange(first, first + 5))
-        rows.append(m)
-    for k in METRICS:
-        np.testing.assert_array_equal(np.concatenate([r[k] for r in rows]), metrics[k], err_msg=k)
-    for a, b in zip(jax.tree.leaves(chunked.params), jax.tree.leaves(state.params)):
-        np.testing.assert_array_equal(a, b)
-
-
-# --------------------------------------------------------------------------------------------
-# The loss: n-step advantage by hand
-# --------------------------------------------------------------------------------------------
 def n_step_returns(r, v_tp1, terminated, truncated, gamma):
     """R_t = r_t + gamma R_{t+1} for one environment, written as a plain loop: the tail is
     V(final observation) after a truncation or at the rollout's end, 0 after a termination."""
@@ -242,33 +120,6 @@ def test_loss_with_lambda_one_matches_hand_computed_n_step_advantage(norm_adv, j
 def test_config_rejects_bad_values_naming_the_flag(overrides, flag):
     with pytest.raises(ValueError, match=flag):
         Config(**overrides)
-
-
-def run_cli(args, tmp_path):
-    env = {**os.environ, "ONPOLICY_JAX_CACHE": str(tmp_path / "xla")}
-    return subprocess.run([sys.executable, "algos/a2c.py", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
-def test_cli_smoke(tmp_path):
-    result = run_cli(["--total-timesteps", "800", "--num-envs", "4", "--num-seeds", "2",
-                      "--log-dir", str(tmp_path / "runs")], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "[a2c CartPole-v1] step" in result.stdout and "SPS" in result.stdout
-    assert "done: A2C on CartPole-v1, 2 run(s)" in result.stdout
-    runs = sorted(os.listdir(tmp_path / "runs"))
-    assert [r.split("__")[:3] for r in runs] == [["CartPole-v1", "a2c", "1"],
-                                                 ["CartPole-v1", "a2c", "2"]], runs
-    for run in runs:
-        assert glob.glob(str(tmp_path / "runs" / run / "events.out.tfevents.*")), run
-
-
-def test_cli_bad_value_from_a_real_process_has_no_traceback(tmp_path):
-    result = run_cli(["--num-envs", "0"], tmp_path)
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--num-envs" in lines[0], result.stderr
 
 
 def test_cli_unknown_optimizer_is_refused():

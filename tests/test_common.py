@@ -1,6 +1,9 @@
 """`common/`: observation normalisation, the rollout's truncation handling, pmean, init."""
 
-import gymnax
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -100,6 +103,44 @@ def test_continuous_actions_are_clipped_for_the_environment_only():
 def test_unknown_environment_names_the_closest_ids():
     with pytest.raises(ValueError, match="CartPole-v1"):
         make_env("Cartpole-v1")
+
+
+LAZY_MAKE = """
+import sys
+import jax
+import numpy as np
+from common.envs import known_env_ids, make_env
+made = {}
+first = ["CartPole-v1", "Pendulum-v1", "Breakout-MinAtar"]
+others = [i for i in known_env_ids() if i not in first and i != "MNISTBandit-bsuite"]  # download
+for env_id in first + others:
+    env, params, _ = make_env(env_id)
+    made[env_id] = (type(env), params)
+    if env_id == first[-1]:
+        heavy = [m for m in ("gymnax", "gymnax.environments", "matplotlib", "seaborn",
+                             "scipy.stats") if m in sys.modules]
+        assert not heavy, heavy
+assert "gymnax" not in sys.modules
+import gymnax
+for env_id, (cls, params) in made.items():
+    env, default = gymnax.make(env_id)
+    assert type(env) is cls, (env_id, type(env), cls)
+    assert jax.tree.structure(default) == jax.tree.structure(params), env_id
+    same = jax.tree.map(lambda a, b: bool(np.array_equal(a, b, equal_nan=True)), default, params)
+    assert all(jax.tree.leaves(same)), (env_id, same)
+print("made", len(made))
+"""
+
+
+def test_make_env_imports_only_the_environment_s_own_module_and_makes_what_gymnax_makes():
+    """In a fresh process: CartPole, Pendulum and Breakout import no gymnax package init and no
+    plotting library; every other built-in id (but MNIST, a download) is made too; then
+    `import gymnax` works and makes the same classes and default parameters."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run([sys.executable, "-c", LAZY_MAKE], cwd=root, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "made 25" in result.stdout, result.stdout
 
 
 # ------------------------------------------------------------------ pmean

@@ -1,20 +1,17 @@
-"""Scaling out: several devices in one process, several processes, and what happens when one dies.
+"""Scaling out over several devices in one process (several processes: `tests/test_processes.py`).
 
-Everything here needs devices set before JAX starts, so it runs in subprocesses: forced CPU
-devices (`--xla_force_host_platform_device_count`) and `jax.distributed` processes on
-127.0.0.1 ports chosen free. Every subprocess runs under a hard `timeout -k` (a
-`jax.distributed` process catches SIGTERM): a hang -- the jaxlib 0.10 batched-LAPACK deadlock
-under `shard_map(vmap)` among them -- fails the test instead of stalling the suite.
+Everything here needs devices set before JAX starts, so it runs in subprocesses with forced CPU
+devices (`--xla_force_host_platform_device_count`). Every subprocess runs under a hard
+`timeout -k` (a `jax.distributed` process catches SIGTERM): a hang -- the jaxlib 0.10
+batched-LAPACK deadlock under `shard_map(vmap)` among them -- fails the test instead of
+stalling the suite.
 """
 
 import glob
 import os
-import queue
 import socket
 import subprocess
 import sys
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -141,70 +138,3 @@ def test_cli_data_parallel_on_2_devices_keeps_the_global_layout(cache, tmp_path)
     record = final_state(tmp_path)
     assert record["update"] == 32
     assert record["train_state"]["env"]["obs"].shape == (2, 8, 4)  # global layout, 2 seeds
-
-
-# ------------------------------------------------------------------ several processes
-@pytest.mark.parametrize("parallel", ["seeds", "data"])
-def test_two_processes_on_localhost(parallel, cache, tmp_path):
-    p0, p1 = cli(SHORT + ["--parallel", parallel, "--num-seeds", "2"], processes=2, devices=1,
-                 cache=cache, log_dir=tmp_path)
-    for r in (p0, p1):
-        assert r.returncode == 0, r.stderr[-3000:]
-    assert f"on 2 device(s), parallel {parallel}, 2 processes" in p0.stdout, p0.stdout
-    assert "done:" not in p1.stdout  # only process 0 logs and writes
-    # Every process compared its devices' copies of the parameters with process 0's.
-    assert "parameters identical on all 2 processes" in p0.stdout, p0.stdout
-    record = final_state(tmp_path)
-    assert record["update"] == 8
-
-
-@pytest.mark.parametrize("parallel", ["data", "seeds"])
-def test_a_dead_peer_stops_the_other_process_within_a_bounded_time(parallel, tmp_path):
-    """Kill process 1 mid-training (SIGKILL: no goodbye); process 0 must stop by itself with
-    a clear message, well within the heartbeat timeout plus a margin -- never hang."""
-    timeout = 10
-    address = f"127.0.0.1:{free_port()}"
-    long_run = ["--env-id", "CartPole-v1", "--total-timesteps", "2560000", "--num-envs", "4",
-                "--num-steps", "32", "--update-epochs", "1", "--checkpoint-every", "4",
-                "--parallel", parallel, "--num-seeds", "2" if parallel == "seeds" else "1",
-                "--coordinator-address", address, "--num-processes", "2",
-                "--distributed-timeout", str(timeout), "--log-dir", str(tmp_path)]
-    command = [sys.executable, "-u", "algos/ppo.py", *long_run, "--process-id"]
-    survivor = subprocess.Popen(hard_timeout(150) + command + ["0"], cwd=ROOT,
-                                env=env(devices=1), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-    victim = subprocess.Popen(command + ["1"], cwd=ROOT, env=env(devices=1),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    lines = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in survivor.stdout] + [lines.put(None)],
-                     daemon=True).start()
-    try:
-        deadline, seen = time.monotonic() + 100, []
-        while True:  # wait until training is under way: a progress line past step 0
-            line = lines.get(timeout=max(1.0, deadline - time.monotonic()))
-            assert line is not None, "process 0 ended before training:\n" + "".join(seen)
-            seen.append(line)
-            if "SPS per run" in line and "step            0/" not in line:
-                break
-        victim.kill()
-        killed = time.monotonic()
-        survivor.wait(timeout=timeout * 4)
-        waited = time.monotonic() - killed
-    finally:
-        for p in (victim, survivor):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    rest = []
-    while (line := lines.get(timeout=10)) is not None:
-        rest.append(line)
-    out = "".join(rest)
-    message = [line for line in out.splitlines() if "another process" in line or
-               "another task died" in line]
-    # Either a collective fails first (our one-line error, exit 1) or JAX's heartbeat check
-    # does (its own "...another task died..." line, then abort).
-    assert survivor.returncode not in (0, 124, 137) and message, \
-        (survivor.returncode, out[-3000:])
-    assert waited < timeout * 4, waited
-    print(f"process 0 stopped {waited:.1f}s after its peer died, exit {survivor.returncode}: "
-          f"{message[0][:200]}")

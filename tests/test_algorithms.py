@@ -1,0 +1,214 @@
+"""What every algorithm promises, checked for PPO, A2C and IMPALA alike.
+
+The `make_train` contract: one row of metrics per update, the same key giving the same numbers,
+a vmapped seed equal to the same seed run alone, a swept hyperparameter equal to the same value
+set in the config, chunked updates equal to one call, progress printed from inside `jit` under
+`vmap`; learning on a small CartPole budget; and the command line: a smoke run and bad input
+refused from a real process without a traceback. Each algorithm's own file tests what only it
+has (its loss by hand, IMPALA's actor lag, PPO's annealed step).
+
+The tiny runs are compiled once per test process (`helpers.tiny_run`).
+"""
+
+import dataclasses
+import glob
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from common.host.logger import final_return, seed_keys
+from helpers import ALGOS, stacked, tiny_run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMON = {"global_step", "episodic_return", "episodic_length", "learning_rate", "value_loss",
+          "policy_loss", "entropy", "explained_variance"}
+METRICS = {"ppo": COMMON | {"approx_kl", "clipfrac"}, "a2c": COMMON,
+           "impala": COMMON | {"approx_kl", "mean_clipped_rho", "rho_clip_fraction"}}
+EPISODIC = ("episodic_return", "episodic_length")  # NaN for an update where no episode ended
+
+SWEEP = {  # the second run of a two-run sweep; the first keeps the config's values
+    "ppo": dict(learning_rate=1e-3, ent_coef=0.05, clip_coef=0.1),
+    "a2c": dict(learning_rate=3e-3, ent_coef=0.0, gae_lambda=0.9),
+    "impala": dict(learning_rate=2e-2, rho_bar=0.5, c_bar=0.7, ent_coef=0.05),
+}
+
+
+@pytest.fixture(params=ALGOS)
+def tiny(request):
+    return tiny_run(request.param)
+
+
+def algo_of(tiny) -> str:
+    return tiny.module.__name__.split(".")[-1]
+
+
+# --------------------------------------------------------------------------------------------
+# The make_train contract
+# --------------------------------------------------------------------------------------------
+def test_metrics_have_one_row_per_update_and_are_finite(tiny):
+    state, metrics = tiny.result
+    config = tiny.config
+    assert set(metrics) == METRICS[algo_of(tiny)]
+    for name, value in metrics.items():
+        assert value.shape == (3, config.num_updates), name
+        if name not in EPISODIC:
+            assert np.isfinite(value).all(), name
+    np.testing.assert_array_equal(metrics["global_step"][0],
+                                  config.batch_size * np.arange(1, config.num_updates + 1))
+    # Returns are means over the episodes that finished in an update (CartPole: >= 8 steps).
+    returns = metrics["episodic_return"]
+    assert np.isfinite(returns).mean() > 0.3, returns
+    assert (returns[np.isfinite(returns)] >= 8).all()
+    np.testing.assert_allclose(metrics["learning_rate"][:, 0], config.learning_rate, rtol=1e-6)
+    if config.anneal_lr:
+        assert (metrics["learning_rate"][:, -1] < metrics["learning_rate"][:, 0]).all()
+    else:
+        np.testing.assert_allclose(metrics["learning_rate"], config.learning_rate, rtol=1e-6)
+    assert jax.tree.leaves(state.params)[0].shape[0] == 3
+    assert state.env.obs.shape == (3, config.num_envs, 4)
+
+
+def test_same_key_same_result_and_vmapped_seed_equals_single_run(tiny):
+    _, metrics = tiny.result
+    _, again = tiny.batched(tiny.keys, stacked(tiny.hp, 3))
+    for name in metrics:
+        np.testing.assert_array_equal(again[name], metrics[name], err_msg=name)
+    for i in range(3):
+        _, alone = tiny.single(tiny.keys[i], tiny.hp)
+        for name in metrics:
+            np.testing.assert_allclose(alone[name], metrics[name][i], rtol=1e-4, atol=1e-6,
+                                       err_msg=f"seed {i}: {name}")
+    assert not np.allclose(metrics["value_loss"][0], metrics["value_loss"][1])  # seeds differ
+
+
+def test_a_swept_hyperparameter_equals_the_same_value_set_in_the_config(tiny):
+    """Two runs in one vmapped call, the second with every hyperparameter of `SWEEP` changed,
+    against the same seeds run alone: the first from the config, the second from a config
+    built with the changed values (so a value read from the config instead of the traced
+    hparams would show)."""
+    changed = SWEEP[algo_of(tiny)]
+    other = dataclasses.replace(tiny.config, **changed)
+    hps = jax.tree.map(lambda a, b: jnp.stack([a, b]), tiny.hp, other.hparams())
+    _, swept = tiny.batched(tiny.keys[:2], hps)
+    _, first = tiny.single(tiny.keys[0], tiny.hp)
+    _, second = jax.jit(tiny.module.make_train(other))(tiny.keys[1])  # hparams from `other`
+    for name in first:
+        np.testing.assert_allclose(first[name], swept[name][0], rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
+        np.testing.assert_allclose(second[name], swept[name][1], rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
+    np.testing.assert_allclose(swept["learning_rate"][:, 0],
+                               [tiny.config.learning_rate, changed["learning_rate"]], rtol=1e-6)
+    if "mean_clipped_rho" in swept:  # IMPALA: the swept rho_bar bounds the clipped ratios
+        assert (swept["mean_clipped_rho"][1] <= changed["rho_bar"] + 1e-6).all()
+
+
+def test_chunked_updates_equal_one_call(tiny):
+    n = tiny.config.num_updates
+    chunk = next(c for c in range(n // 3, 0, -1) if n % c == 0)
+    state, metrics = tiny.single(tiny.keys[0], tiny.hp)
+    chunked, rows = tiny.init(tiny.keys[0], tiny.hp), []
+    for first in range(0, n, chunk):
+        chunked, m = tiny.run_updates(chunked, tiny.hp, jnp.arange(first, first + chunk))
+        rows.append(m)
+    assert len(rows) >= 3
+    for name in metrics:
+        np.testing.assert_array_equal(np.concatenate([r[name] for r in rows]), metrics[name],
+                                      err_msg=name)
+    for a, b in zip(jax.tree.leaves(chunked), jax.tree.leaves(state), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_live_progress_prints_from_inside_jit_under_vmap(tiny):
+    progress = tiny.train.progress
+    progress.stream.seek(0)
+    progress.stream.truncate()
+    jax.block_until_ready(tiny.batched(tiny.keys[:2], stacked(tiny.hp, 2)))
+    progress.close()
+    out = progress.stream.getvalue()
+    total = tiny.config.num_updates * tiny.config.batch_size
+    assert f"[{algo_of(tiny)} CartPole-v1] step {total:>12,}/{total:,} (100%)" in out, out
+    assert "SPS per run" in out
+
+
+# --------------------------------------------------------------------------------------------
+# Learning on a small budget (fixed seeds; the thresholds leave room for drift across machines)
+# --------------------------------------------------------------------------------------------
+LEARNS = {  # overrides, keys, first updates, their mean below, final mean above, final min above
+    "ppo": (dict(total_timesteps=100_000), jax.random.split(jax.random.PRNGKey(0), 4),
+            5, 40, 150, 80),
+    # measured: first-10% mean about 24, final about 334 (per seed 430, 385, 52, 469)
+    "a2c": (dict(total_timesteps=40_000), seed_keys(0, 4), 50, 50, 100, -np.inf),
+    # default actor_lag = 1: the lagged actors still learn
+    "impala": (dict(total_timesteps=200_000), jax.random.split(jax.random.PRNGKey(0), 2),
+               5, 40, 200, 200),
+}
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_cartpole_learns_on_a_small_budget(algo):
+    overrides, keys, first_updates, first_below, mean_above, min_above = LEARNS[algo]
+    module = tiny_run(algo).module
+    config = module.Config(env_id="CartPole-v1", **overrides)
+    _, metrics = jax.jit(jax.vmap(module.make_train(config)))(keys)
+    first = np.nanmean(metrics["episodic_return"][:, :first_updates])
+    final = final_return(metrics["episodic_return"])
+    assert first < first_below, first
+    assert final.mean() > mean_above and final.min() > min_above, final
+
+
+# --------------------------------------------------------------------------------------------
+# The command line, from a real process
+# --------------------------------------------------------------------------------------------
+CLI_STEPS = {"ppo": ["--total-timesteps", "8192"],
+             "a2c": ["--total-timesteps", "800", "--num-envs", "4"],
+             "impala": ["--total-timesteps", "1280", "--num-envs", "4", "--num-steps", "16"]}
+
+
+def run_cli(algo, args, **env):
+    return subprocess.run([sys.executable, f"algos/{algo}.py", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_cli_trains_logs_evaluates_and_summarises(algo, tmp_path):
+    """Two seeds: a progress line, the summary, one run directory per seed with the default
+    experiment name (the algorithm's), TensorBoard events with the evaluation's return, and
+    both compiled programs (init and a chunk of updates) in the persistent cache, so that a
+    second identical command skips compiling them."""
+    result = run_cli(algo, CLI_STEPS[algo] + ["--num-seeds", "2", "--eval-every", "10",
+                                              "--log-dir", str(tmp_path / "runs")],
+                     ONPOLICY_JAX_CACHE=str(tmp_path / "cache"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"[{algo} CartPole-v1] step" in result.stdout and "SPS" in result.stdout
+    assert f"done: {algo.upper()} on CartPole-v1, 2 run(s)" in result.stdout, result.stdout
+    runs = sorted(os.listdir(tmp_path / "runs"))
+    assert [r.split("__")[:3] for r in runs] == [["CartPole-v1", algo, "1"],
+                                                 ["CartPole-v1", algo, "2"]], runs
+    for run in runs:
+        (events,) = glob.glob(str(tmp_path / "runs" / run / "events.out.tfevents.*"))
+        assert b"eval/episodic_return" in open(events, "rb").read()
+    cached = os.listdir(tmp_path / "cache")
+    for program in ("jit_init-", "jit_run_updates-"):
+        assert any(name.startswith(program) for name in cached), (program, cached)
+
+
+BAD = {"ppo": (["--env-id", "Pong"], ["unknown environment id 'Pong'", "Pong-misc"]),
+       "a2c": (["--num-envs", "0"], ["--num-envs must be a positive integer, got 0."]),
+       "impala": (["--actor-lag", "-1"], ["--actor-lag must be >= 0, got -1."])}
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_cli_bad_input_is_one_line_without_traceback(algo):
+    args, parts = BAD[algo]
+    result = run_cli(algo, args)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and all(p in line for p in parts), line
