@@ -301,3 +301,26 @@ def test_a2c_and_impala_resume_exactly_too(algo, cache, tmp_path, monkeypatch):
     theirs = checkpoint.load(latest(tmp_path / "reference"))["train_state"]
     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_background_writer_runs_in_order_finishes_on_exit_and_reraises():
+    """The driver's file work: queued calls run in order, leaving the block (also by an
+    exception) waits for all of them, and an error in one is raised in the caller."""
+    done = []
+
+    def slow(i):
+        time.sleep(0.01)
+        done.append(i)
+
+    with pytest.raises(SystemExit), logger.BackgroundWriter() as writer:
+        for i in range(5):
+            writer.put(slow, i)
+        raise SystemExit(1)  # as the NaN guard or a signal leaves the loop
+    assert done == list(range(5))
+
+    with logger.BackgroundWriter() as writer:
+        writer.put(lambda: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            writer.flush()
+        writer.put(done.append, 5)  # the error was handed over: work goes on
+    assert done[-1] == 5

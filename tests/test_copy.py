@@ -23,7 +23,8 @@ here = os.path.abspath("common")
 loaded = {{m: getattr(sys.modules[m], "__file__", None) for m in sys.modules
           if m == "common" or m.startswith("common.")}}
 # every common module came from the copy (an editable install can resolve submodules by name)
-outside = {{m: f for m, f in loaded.items() if not f or os.path.dirname(os.path.abspath(f)) != here}}
+outside = {{m: f for m, f in loaded.items()
+           if not f or os.path.dirname(os.path.abspath(f)) != here}}
 assert not outside, outside
 assert "common.host" not in loaded, sorted(loaded)
 print("trained", metrics["global_step"][-1])

@@ -5,7 +5,8 @@ chunks, log.
 (`common/host/options.py`) and the algorithm's `Config` from one flat list of flags, starts
 JAX's runtime for the devices asked for (`common/host/devices.py`), and trains `num_seeds`
 vmapped runs as a sequence of calls to one compiled chunk of updates (`train.run_updates`).
-Between chunks, on the host, it
+While the devices run one chunk, the host handles the one before (file writes on a background
+thread, `logger.BackgroundWriter`):
 
 - prints progress and writes TensorBoard (one run per seed);
 - stops on a NaN/inf loss or parameter, naming the quantity, the update and the seed, and
@@ -148,6 +149,8 @@ class Session:
     saved_update: int | None = None
     compile_time: float = 0.0
     train_time: float = 0.0
+    files: Any = None
+    """The `logger.BackgroundWriter` of the training loop (TensorBoard, checkpoints)."""
 
     @property
     def writer(self) -> bool:
@@ -252,45 +255,69 @@ def compile_programs(s: Session):
 
 def train_in_chunks(s: Session, run_chunk, run_eval, chunk: int):
     """The loop: a chunk on the devices, then on the host the NaN guard, evaluation,
-    progress, TensorBoard and checkpoints; Ctrl-C or SIGTERM saves and exits."""
+    progress, TensorBoard and checkpoints; Ctrl-C or SIGTERM saves and exits.
+
+    The host never holds the devices up: the next chunk is queued (JAX dispatches
+    asynchronously) before the host looks at this one, and the file work (TensorBoard, the
+    checkpoint's serialisation and write) runs in order on a background thread. The
+    guarantees are those of a serial loop: only a chunk that passed the NaN guard is saved,
+    a checkpoint is always the state at the end of a chunk, and every write has finished
+    before the loop returns or the process exits.
+    """
     config, run, num_updates = s.config, s.run, s.config.num_updates
     progress = logger.Progress(f"{s.algo} {config.env_id}", num_updates * config.batch_size,
                                stream=None if s.writer else open(os.devnull, "w"))
     boards = open_boards(s)
     start = time.perf_counter()
     progress.report(s.first * config.batch_size, [])
-    with Interrupt() as interrupt, peers_alive():
-        for begin in range(s.first, num_updates, chunk):
-            end = begin + chunk
-            s.state, metrics = run_chunk(s.state, s.hparams, s.layout.put(
-                np.arange(begin, end, dtype=np.int32), P()))
-            metrics = fetch(metrics)
-            stop_if_not_finite(s, metrics, begin)
-            if run_eval is not None and (end % run.eval_every == 0 or end == num_updates):
-                metrics["eval_return"] = np.full((run.num_seeds, chunk), np.nan, np.float32)
-                metrics["eval_return"][:, -1] = fetch(run_eval(s.state, s.layout.put(
-                    eval_keys(run, end), s.layout.seeds)))
-            s.rows.append(metrics)
-            with np.errstate(all="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # a chunk may finish no episode
-                recent = np.nanmean(metrics["episodic_return"], axis=1)
-            progress.report(end * config.batch_size, recent, final=end == num_updates)
-            sps = logger.sps_points(progress.timeline[-2:], run.num_seeds)
-            for i, board in enumerate(boards):
-                board.write({k: v[i] for k, v in metrics.items()}, sps)
-            stop = from_process_0(interrupt.signal or 0)  # all processes stop together
-            if end == num_updates or (run.checkpoint_every and end % run.checkpoint_every == 0) \
-                    or stop:
-                save(s, end)
-            if stop and end < num_updates:
-                if s.writer:
-                    print(f"interrupted at update {end} of {num_updates}; checkpoint: {s.path}\n"
-                          f"continue with: python algos/{s.algo}.py --resume {s.path}",
-                          flush=True)
-                raise SystemExit(128 + int(stop))
+
+    def dispatch(state, begin):
+        updates = s.layout.put(np.arange(begin, begin + chunk, dtype=np.int32), P())
+        return run_chunk(state, s.hparams, updates)
+
+    try:
+        with Interrupt() as interrupt, peers_alive(), logger.BackgroundWriter() as s.files:
+            pending = dispatch(s.state, s.first)
+            for begin in range(s.first, num_updates, chunk):
+                end = begin + chunk
+                s.state, metrics = pending
+                if end < num_updates:  # the devices start on the next chunk, the host works
+                    pending = dispatch(s.state, end)
+                log_chunk(s, fetch(metrics), begin, end, run_eval, progress, boards)
+                stop = from_process_0(interrupt.signal or 0)  # all processes stop together
+                if end == num_updates or stop or (
+                        run.checkpoint_every and end % run.checkpoint_every == 0):
+                    save(s, end)
+                if stop and end < num_updates:
+                    s.files.flush()
+                    if s.writer:
+                        print(f"interrupted at update {end} of {num_updates}; checkpoint: "
+                              f"{s.path}\ncontinue with: python algos/{s.algo}.py --resume "
+                              f"{s.path}", flush=True)
+                    raise SystemExit(128 + int(stop))
+    finally:  # a NaN stop and a signal too: tensorboardX writes out its own queue on close
+        for board in boards:
+            board.close()
     s.train_time = time.perf_counter() - start
-    for board in boards:
-        board.close()
+
+
+def log_chunk(s: Session, metrics: dict, begin: int, end: int, run_eval, progress, boards):
+    """On the host, for the chunk of updates [begin, end): the NaN guard, the evaluation if
+    one is due, the progress line, and the TensorBoard writes (queued)."""
+    run = s.run
+    stop_if_not_finite(s, metrics, begin)
+    if run_eval is not None and (end % run.eval_every == 0 or end == s.config.num_updates):
+        metrics["eval_return"] = np.full((run.num_seeds, end - begin), np.nan, np.float32)
+        metrics["eval_return"][:, -1] = fetch(run_eval(s.state, s.layout.put(
+            eval_keys(run, end), s.layout.seeds)))
+    s.rows.append(metrics)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a chunk may finish no episode
+        recent = np.nanmean(metrics["episodic_return"], axis=1)
+    progress.report(end * s.config.batch_size, recent, final=end == s.config.num_updates)
+    sps = logger.sps_points(progress.timeline[-2:], run.num_seeds)
+    for i, board in enumerate(boards):
+        s.files.put(board.write, {k: v[i] for k, v in metrics.items()}, sps)
 
 
 def open_boards(s: Session) -> list:
@@ -317,6 +344,7 @@ def stop_if_not_finite(s: Session, metrics: dict, begin: int):
     """Exit 1, naming the quantity, update and seed, if the chunk from `begin` went NaN/inf."""
     bad = first_non_finite(metrics, fetch(s.state.params), begin)
     if bad is not None:
+        s.files.flush()  # the last good checkpoint is on disk before it is named
         quantity, update, seed = bad
         last = f"{s.path} (update {s.saved_update})" if s.saved_update is not None else \
             "none was written"
@@ -328,10 +356,10 @@ def stop_if_not_finite(s: Session, metrics: dict, begin: int):
 def save(s: Session, update: int):
     """Checkpoint the runs after `update` (every process gathers, process 0 writes)."""
     host_state = fetch(s.state)
-    if s.writer:
-        checkpoint.save(s.path, algo=s.algo, config=dataclasses.asdict(s.config),
-                        run=dataclasses.asdict(s.run), update=update, run_time=s.run_time,
-                        train_state=host_state, metrics=_concat(s.rows))
+    if s.writer:  # serialised and written on the background thread, in order
+        s.files.put(checkpoint.save, s.path, algo=s.algo, config=dataclasses.asdict(s.config),
+                    run=dataclasses.asdict(s.run), update=update, run_time=s.run_time,
+                    train_state=host_state, metrics=_concat(s.rows))
     s.saved_update = update
 
 

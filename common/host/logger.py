@@ -1,4 +1,5 @@
-"""Host-side plumbing for the command line: live progress, TensorBoard, seeds, run names.
+"""Host-side plumbing for the command line: live progress, TensorBoard, seeds, run names, and
+the background thread that writes files while training goes on.
 
 Nothing in this module runs inside `jit` except `report_progress`, which sends a few scalars
 out of the compiled loop with `jax.debug.callback` (it works under `vmap`: the callback runs
@@ -7,7 +8,9 @@ once per vmapped run, and `Progress` averages what arrives for the same update).
 
 import math
 import os
+import queue
 import sys
+import threading
 import time
 import warnings
 
@@ -135,13 +138,18 @@ class TensorBoardRun:
     def write(self, metrics: dict, sps_points=()):
         """`metrics` maps names to 1-D arrays, one row per update, and holds `global_step`;
         `sps_points` are `(global_step, SPS)` pairs measured on the host."""
-        steps = np.asarray(metrics["global_step"])
-        for key, values in metrics.items():
-            if key == "global_step":
-                continue
-            for step, value in zip(steps, np.asarray(values, np.float64)):
-                if math.isfinite(value):
-                    self.writer.add_scalar(tag(key), value, int(step))
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        # One event per update holding every metric: the same scalars as `add_scalar` per
+        # metric, written about 7x faster (this runs once per seed and update).
+        file_writer = self.writer._get_file_writer()  # what `add_scalar` itself writes to
+        names = [k for k in metrics if k != "global_step"]
+        tags = [tag(k) for k in names]
+        columns = np.stack([np.asarray(metrics[k], np.float64) for k in names], axis=-1)
+        for step, row in zip(np.asarray(metrics["global_step"]).tolist(), columns.tolist()):
+            values = [Summary.Value(tag=t, simple_value=v) for t, v in zip(tags, row)
+                      if math.isfinite(v)]
+            file_writer.add_summary(Summary(value=values), int(step))
         for step, sps in sps_points:
             self.writer.add_scalar("charts/SPS", sps, int(step))
         self.writer.flush()
@@ -166,3 +174,56 @@ def final_return(episodic_return, fraction: float = 0.1):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN: no episode finished
         return np.nanmean(episodic_return[..., -tail:], axis=-1)
+
+
+class BackgroundWriter:
+    """A thread that runs the host's file work (TensorBoard, checkpoints) in order, so that the
+    training loop does not wait for it.
+
+    `put(fn, *args, **kwargs)` queues a call; `flush()` waits until every queued call has run.
+    Leaving the `with` block flushes and ends the thread, also when an exception leaves it (a
+    queued checkpoint is always written out). The first error a queued call raises stops the
+    work and is raised again by the next `put` or `flush`, or on leaving the block.
+    """
+
+    def __init__(self):
+        self.jobs, self.error, self.thread = queue.Queue(), None, None
+
+    def __enter__(self):
+        self.thread = threading.Thread(target=self._work, name="writer", daemon=True)
+        self.thread.start()
+        return self
+
+    def _work(self):
+        while (job := self.jobs.get()) is not None:
+            fn, args, kwargs = job
+            try:
+                if self.error is None:
+                    fn(*args, **kwargs)
+            except BaseException as error:  # noqa: B036  (handed to the main thread)
+                self.error = error
+            finally:
+                self.jobs.task_done()
+
+    def _raise(self):
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def put(self, fn, *args, **kwargs):
+        self._raise()
+        self.jobs.put((fn, args, kwargs))
+
+    def flush(self):
+        self.jobs.join()
+        self._raise()
+
+    def __exit__(self, exc_type, *exc):
+        self.jobs.join()
+        self.jobs.put(None)
+        self.thread.join()
+        if exc_type is None:
+            self._raise()
+        elif self.error is not None:
+            print(f"error: writing logs or a checkpoint also failed: {self.error}",
+                  file=sys.stderr, flush=True)
