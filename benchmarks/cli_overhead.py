@@ -1,0 +1,201 @@
+"""The command line against the program it compiles: training SPS side by side, and where the
+start-to-exit time of the default command goes.
+
+    python benchmarks/cli_overhead.py                       # PPO, A2C, IMPALA x 1, 8, 32 seeds
+    python benchmarks/cli_overhead.py --algos ppo --seeds 1 8 --repeats 3
+    python benchmarks/cli_overhead.py --start-only          # the default PPO command, cold/warm
+
+For each (algorithm, seed count), on CartPole with that algorithm's defaults and
+`--total-timesteps` steps per seed, each in a fresh process, alternating, `--repeats` times:
+
+- **bare**: `jit(shard_map(vmap(train)))` on the device layout the command line chooses for
+  the same flags (`common.host.cli.parse`, `setup_devices`, `Layout`), compiled once, then the
+  whole run timed;
+- **cli**: `python algos/<algo>.py` with the same flags, a checkpoint after every chunk and
+  TensorBoard on; its training SPS is the one its summary line reports (compilation excluded).
+
+The ratio is of the medians. The start-to-exit part runs `python algos/ppo.py --env-id
+CartPole-v1` with an empty compilation cache (cold) and again with it filled (warm), and
+splits the time into imports and environment set-up (timed in a separate process doing just
+that), compile and train (the summary line), and the rest. Raw rows:
+`benchmarks/results/cli_overhead.json` (with the commit).
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def bare(algo: str, args: list[str]) -> dict:
+    """In this process: the fused program of the command line's flags `args`, timed."""
+    import importlib
+
+    import jax
+
+    sys.path.insert(0, ROOT)
+    from common.host import cli
+    from common.host.devices import Layout, setup_devices
+    from common.host.logger import seed_keys
+    from common.host.prng import unroll_threefry_on_cpu
+
+    module = importlib.import_module(f"algos.{algo}")
+    config, run = cli.parse(algo, module.Config, args)
+    setup_devices(run)
+    unroll_threefry_on_cpu()  # as the command line does
+    train = module.make_train(config)
+    keys = seed_keys(run.seed, run.num_seeds)
+    hparams = jax.vmap(lambda _: config.hparams())(keys)
+    template = jax.eval_shape(jax.vmap(train.init), keys, hparams)
+    layout = Layout(run, config.num_envs, template)
+    keys, hparams = layout.put(keys, layout.seeds), layout.put(hparams, layout.seeds)
+    start = time.perf_counter()
+    program = layout.spread(jax.vmap(train), (layout.seeds, layout.seeds),
+                            (layout.state, layout.seeds)).lower(keys, hparams).compile()
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    jax.block_until_ready(program(keys, hparams))
+    train_s = time.perf_counter() - start
+    steps = config.num_updates * config.batch_size * run.num_seeds
+    return {"compile_s": compile_s, "train_s": train_s, "sps": steps / train_s,
+            "devices": layout.num_devices}
+
+
+def run_bare(algo, args) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--bare", algo, "--", *args], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def run_cli(algo, args, cache: str) -> dict:
+    """`python algos/<algo>.py args`: wall time, and compile, train, SPS, final return from
+    its summary line."""
+    with tempfile.TemporaryDirectory() as logs:
+        start = time.perf_counter()
+        result = subprocess.run([sys.executable, f"algos/{algo}.py", *args, "--log-dir", logs],
+                                cwd=ROOT, capture_output=True, text=True,
+                                env={**os.environ, "ONPOLICY_JAX_CACHE": cache})
+        wall = time.perf_counter() - start
+    if result.returncode:
+        raise SystemExit(f"{algo} {' '.join(args)} failed:\n{result.stderr[-2000:]}")
+    done = [line for line in result.stdout.splitlines() if line.startswith("done:")][-1]
+    compile_s, train_s, sps = re.search(
+        r"compile ([\d.]+)s, train ([\d.]+)s \(([\d,]+) SPS\)", done).groups()
+    final = float(re.search(r"final return \(last 10% of updates\) mean (-?[\d.]+)", done)[1])
+    return {"wall_s": wall, "compile_s": float(compile_s), "train_s": float(train_s),
+            "sps": float(sps.replace(",", "")), "final_return": final}
+
+
+def side_by_side(algos, seeds, total_timesteps: int, repeats: int) -> list[dict]:
+    sys.path.insert(0, ROOT)
+    import importlib
+
+    from common.host.cli import chunk_size
+
+    rows = []
+    for algo in algos:
+        module = importlib.import_module(f"algos.{algo}")
+        config = module.Config(env_id="CartPole-v1", total_timesteps=total_timesteps)
+        every = chunk_size(config.num_updates)  # the default chunk: a checkpoint after each
+        for n in seeds:
+            args = ["--env-id", "CartPole-v1", "--total-timesteps", str(total_timesteps),
+                    "--num-seeds", str(n), "--checkpoint-every", str(every)]
+            bares, clis = [], []
+            with tempfile.TemporaryDirectory() as cache:
+                for _ in range(repeats):
+                    bares.append(run_bare(algo, args))
+                    clis.append(run_cli(algo, args, cache))
+            row = {"algo": algo, "seeds": n, "steps_per_seed": config.num_updates *
+                   config.batch_size, "checkpoint_every": every,
+                   "devices": bares[0]["devices"],
+                   "bare_sps": statistics.median(b["sps"] for b in bares),
+                   "cli_sps": statistics.median(c["sps"] for c in clis),
+                   "bare_runs": bares, "cli_runs": clis}
+            row["ratio"] = row["cli_sps"] / row["bare_sps"]
+            rows.append(row)
+            print(f"{algo:6s} {n:3d} seeds on {row['devices']} device(s): bare "
+                  f"{row['bare_sps']:>10,.0f} SPS | cli {row['cli_sps']:>10,.0f} SPS | "
+                  f"cli/bare {row['ratio']:.3f}", flush=True)
+    return rows
+
+
+IMPORTS = """
+import time
+start = time.perf_counter()
+import algos.ppo, tyro, tensorboardX
+from common.host import cli
+imported = time.perf_counter()
+from common.envs import make_env
+make_env("CartPole-v1")
+print(imported - start, time.perf_counter() - imported)
+"""
+
+
+def start_to_exit(repeats: int) -> dict:
+    """The default command, cold then warm cache, `repeats` times each; medians."""
+    args = ["--env-id", "CartPole-v1"]
+    cold, warm, pieces = [], [], []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as cache:
+            cold.append(run_cli("ppo", args, cache))
+            warm.append(run_cli("ppo", args, cache))
+        start = time.perf_counter()
+        out = subprocess.run([sys.executable, "-c", IMPORTS], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.split()
+        pieces.append((float(out[0]), float(out[1]), time.perf_counter() - start))
+    imports = statistics.median(p[0] for p in pieces)
+    env_setup = statistics.median(p[1] for p in pieces)
+    interpreter = statistics.median(p[2] - p[0] - p[1] for p in pieces)
+    result = {}
+    for name, runs in (("cold", cold), ("warm", warm)):
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        med["rest_s"] = med["wall_s"] - med["compile_s"] - med["train_s"] - imports - env_setup
+        med["runs"] = runs
+        result[name] = med
+        print(f"start to exit, {name} cache: {med['wall_s']:.1f} s = imports {imports:.1f} + "
+              f"environment {env_setup:.1f} + compile {med['compile_s']:.1f} + train "
+              f"{med['train_s']:.1f} + rest {med['rest_s']:.1f} (interpreter start and exit "
+              f"alone {interpreter:.1f}); final return {med['final_return']:.1f}", flush=True)
+    result.update(imports_s=imports, env_setup_s=env_setup, interpreter_s=interpreter)
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--algos", nargs="+", default=["ppo", "a2c", "impala"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 8, 32])
+    parser.add_argument("--total-timesteps", type=int, default=500_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--start-only", action="store_true")
+    parser.add_argument("--no-start", action="store_true")
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results",
+                                                      "cli_overhead.json"))
+    parser.add_argument("--bare", help=argparse.SUPPRESS)
+    args, rest = parser.parse_known_args()
+    if args.bare:
+        print(json.dumps(bare(args.bare, [a for a in rest if a != "--"])))
+        return
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    record = {"commit": commit, "cpus": len(os.sched_getaffinity(0)),
+              "total_timesteps": args.total_timesteps, "repeats": args.repeats}
+    if not args.start_only:
+        record["side_by_side"] = side_by_side(args.algos, args.seeds, args.total_timesteps,
+                                              args.repeats)
+    if not args.no_start:
+        record["start_to_exit"] = start_to_exit(args.repeats)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(record, f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
