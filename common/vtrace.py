@@ -35,6 +35,14 @@ def vtrace(log_rhos, rewards, values, next_values, terminated, truncated, gamma,
     `rho_bar, c_bar >= 1`) it reduces to `common.gae.gae`: `vs` are the lambda-returns and
     `vs_t - V(s_t)` the GAE advantages (`tests/test_vtrace.py` checks it).
 
+    The policy-gradient target bootstraps from `vs_{t+1}` for every lambda, as Sec. 4.2 writes
+    it and as DeepMind's original IMPALA implementation (`scalable_agent`'s `vtrace.py`) does.
+    rlax's `vtrace_td_error_and_advantage` instead bootstraps from
+    `lambda * vs_{t+1} + (1 - lambda) * V(s_{t+1})`. The two agree at lambda = 1, the paper's
+    V-Trace and this toolkit's default; below 1 this code keeps the paper's target, so that
+    lambda only shortens the traces of the value target `vs`, as Remark 2 introduces it
+    (`tests/test_vtrace.py` checks both conventions against NumPy loops).
+
     Args:
       log_rhos: log pi(a_t|s_t) - log mu(a_t|s_t) (target minus behaviour), shape [T, *batch],
         for t = 0..T-1.

@@ -154,3 +154,36 @@ def test_shape_mismatch_is_a_clear_error():
     d = random_trajectory(6, T=8)
     with pytest.raises(ValueError, match="log_rhos"):
         vtrace(d["log_rhos"][:-1], *list(d.values())[1:], 0.99)
+
+
+def pg_advantage_mixing_reference(log_rho, r, v, v_next, terminated, truncated, gamma, lam):
+    """The other convention for lambda < 1 (rlax's `vtrace_td_error_and_advantage`): inside an
+    episode the policy-gradient target bootstraps from `lam * vs_{t+1} + (1 - lam) V(s_{t+1})`
+    instead of `vs_{t+1}`. A plain loop, all thresholds 1."""
+    vs, _ = vtrace_reference(log_rho, r, v, v_next, terminated, truncated, gamma, lam)
+    rho = np.exp(np.asarray(log_rho, np.float64))
+    pg_adv = np.zeros(len(r))
+    for t in range(len(r)):
+        if terminated[t]:
+            target = r[t]
+        elif truncated[t] or t == len(r) - 1:
+            target = r[t] + gamma * v_next[t]
+        else:
+            target = r[t] + gamma * (lam * vs[t + 1] + (1 - lam) * v[t + 1])
+        pg_adv[t] = min(1.0, rho[t]) * (target - v[t])
+    return pg_adv
+
+
+@pytest.mark.parametrize("lam", [1.0, 0.5])
+def test_policy_gradient_target_bootstraps_from_vs_for_every_lambda(lam):
+    """This code's convention (`common/vtrace.py`): `vs_{t+1}` for every lambda. At lambda = 1
+    it equals the mixing convention; below 1 the two differ."""
+    d = random_trajectory(5)
+    _, pg = vtrace(*d.values(), 0.95, lambda_=lam)
+    args = [np.asarray(x) for x in d.values()]
+    np.testing.assert_allclose(pg, vtrace_reference(*args, 0.95, lam)[1], rtol=1e-5, atol=1e-5)
+    mixed = pg_advantage_mixing_reference(*args, 0.95, lam)
+    if lam == 1.0:
+        np.testing.assert_allclose(pg, mixed, rtol=1e-5, atol=1e-5)
+    else:
+        assert np.abs(pg - mixed).max() > 1e-2
