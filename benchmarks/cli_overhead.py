@@ -4,6 +4,7 @@ start-to-exit time of the default command goes.
     python benchmarks/cli_overhead.py                       # PPO, A2C, IMPALA x 1, 8, 32 seeds
     python benchmarks/cli_overhead.py --algos ppo --seeds 1 8 --repeats 3
     python benchmarks/cli_overhead.py --start-only          # the default PPO command, cold/warm
+    python benchmarks/cli_overhead.py --algos ppo --seeds 8 --chunk-loop --no-start  # + chunks alone
 
 For each (algorithm, seed count), on CartPole with that algorithm's defaults and
 `--total-timesteps` steps per seed, each in a fresh process, alternating, `--repeats` times:
@@ -16,9 +17,10 @@ For each (algorithm, seed count), on CartPole with that algorithm's defaults and
 
 The ratio is of the medians. The start-to-exit part runs `python algos/ppo.py --env-id
 CartPole-v1` with an empty compilation cache (cold) and again with it filled (warm), and
-splits the time into imports and environment set-up (timed in a separate process doing just
-that), compile and train (the summary line), and the rest. Raw rows:
-`benchmarks/results/cli_overhead.json` (with the commit).
+splits the time into compile and train (its summary line) and everything else; the pieces of
+everything else (interpreter start and exit, imports, environment set-up) are timed alone in a
+separate process. Raw rows:
+`benchmarks/results/cli_overhead.json` (with the commit; `--out` elsewhere).
 """
 
 import argparse
@@ -34,11 +36,14 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def bare(algo: str, args: list[str]) -> dict:
-    """In this process: the fused program of the command line's flags `args`, timed."""
+def bare(algo: str, args: list[str], chunk_loop: bool = False) -> dict:
+    """In this process: the fused program of the command line's flags `args`, timed; with
+    `chunk_loop`, also the command line's compiled chunk called for every update in turn."""
     import importlib
 
     import jax
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
 
     sys.path.insert(0, ROOT)
     from common.host import cli
@@ -64,13 +69,24 @@ def bare(algo: str, args: list[str]) -> dict:
     jax.block_until_ready(program(keys, hparams))
     train_s = time.perf_counter() - start
     steps = config.num_updates * config.batch_size * run.num_seeds
-    return {"compile_s": compile_s, "train_s": train_s, "sps": steps / train_s,
-            "devices": layout.num_devices}
+    row = {"compile_s": compile_s, "train_s": train_s, "sps": steps / train_s,
+           "devices": layout.num_devices}
+    if chunk_loop:  # the command line's chunks called back to back, with no host work at all
+        session = cli.start_or_resume(algo, config, run, train)
+        run_chunk, _, chunk = cli.compile_programs(session)
+        state, start = session.state, time.perf_counter()
+        for begin in range(0, config.num_updates, chunk):
+            updates = layout.put(np.arange(begin, begin + chunk, dtype=np.int32), P())
+            state, _ = run_chunk(state, session.hparams, updates)
+        jax.block_until_ready(state)
+        row["chunk_loop_sps"] = steps / (time.perf_counter() - start)
+    return row
 
 
-def run_bare(algo, args) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--bare", algo, "--", *args], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
+def run_bare(algo, args, chunk_loop=False) -> dict:
+    flag = ["--chunk-loop"] if chunk_loop else []
+    out = subprocess.run([sys.executable, __file__, "--bare", algo, *flag, "--", *args],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -93,7 +109,8 @@ def run_cli(algo, args, cache: str) -> dict:
             "sps": float(sps.replace(",", "")), "final_return": final}
 
 
-def side_by_side(algos, seeds, total_timesteps: int, repeats: int) -> list[dict]:
+def side_by_side(algos, seeds, total_timesteps: int, repeats: int,
+                 chunk_loop: bool = False, num_devices=None) -> list[dict]:
     sys.path.insert(0, ROOT)
     import importlib
 
@@ -106,11 +123,12 @@ def side_by_side(algos, seeds, total_timesteps: int, repeats: int) -> list[dict]
         every = chunk_size(config.num_updates)  # the default chunk: a checkpoint after each
         for n in seeds:
             args = ["--env-id", "CartPole-v1", "--total-timesteps", str(total_timesteps),
-                    "--num-seeds", str(n), "--checkpoint-every", str(every)]
+                    "--num-seeds", str(n), "--checkpoint-every", str(every)] + (
+                        ["--num-devices", num_devices] if num_devices else [])
             bares, clis = [], []
             with tempfile.TemporaryDirectory() as cache:
                 for _ in range(repeats):
-                    bares.append(run_bare(algo, args))
+                    bares.append(run_bare(algo, args, chunk_loop))
                     clis.append(run_cli(algo, args, cache))
             row = {"algo": algo, "seeds": n, "steps_per_seed": config.num_updates *
                    config.batch_size, "checkpoint_every": every,
@@ -119,10 +137,15 @@ def side_by_side(algos, seeds, total_timesteps: int, repeats: int) -> list[dict]
                    "cli_sps": statistics.median(c["sps"] for c in clis),
                    "bare_runs": bares, "cli_runs": clis}
             row["ratio"] = row["cli_sps"] / row["bare_sps"]
+            loop = ""
+            if chunk_loop:
+                row["chunk_loop_sps"] = statistics.median(b["chunk_loop_sps"] for b in bares)
+                loop = (f" | chunks alone {row['chunk_loop_sps']:>10,.0f} SPS "
+                        f"({row['chunk_loop_sps'] / row['bare_sps']:.3f} of bare)")
             rows.append(row)
             print(f"{algo:6s} {n:3d} seeds on {row['devices']} device(s): bare "
                   f"{row['bare_sps']:>10,.0f} SPS | cli {row['cli_sps']:>10,.0f} SPS | "
-                  f"cli/bare {row['ratio']:.3f}", flush=True)
+                  f"cli/bare {row['ratio']:.3f}{loop}", flush=True)
     return rows
 
 
@@ -156,13 +179,14 @@ def start_to_exit(repeats: int) -> dict:
     result = {}
     for name, runs in (("cold", cold), ("warm", warm)):
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        med["rest_s"] = med["wall_s"] - med["compile_s"] - med["train_s"] - imports - env_setup
+        med["other_s"] = med["wall_s"] - med["compile_s"] - med["train_s"]
         med["runs"] = runs
         result[name] = med
-        print(f"start to exit, {name} cache: {med['wall_s']:.1f} s = imports {imports:.1f} + "
-              f"environment {env_setup:.1f} + compile {med['compile_s']:.1f} + train "
-              f"{med['train_s']:.1f} + rest {med['rest_s']:.1f} (interpreter start and exit "
-              f"alone {interpreter:.1f}); final return {med['final_return']:.1f}", flush=True)
+        print(f"start to exit, {name} cache: {med['wall_s']:.1f} s = compile "
+              f"{med['compile_s']:.1f} + train {med['train_s']:.1f} + other {med['other_s']:.1f} "
+              f"(measured alone: interpreter start and exit {interpreter:.1f}, imports "
+              f"{imports:.1f}, environment {env_setup:.1f}); final return "
+              f"{med['final_return']:.1f}", flush=True)
     result.update(imports_s=imports, env_setup_s=env_setup, interpreter_s=interpreter)
     return result
 
@@ -174,13 +198,16 @@ def main():
     parser.add_argument("--total-timesteps", type=int, default=500_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--start-only", action="store_true")
+    parser.add_argument("--chunk-loop", action="store_true",
+                        help="also time the compiled chunks back to back with no host work")
+    parser.add_argument("--num-devices", help="passed on to the command line (0: all)")
     parser.add_argument("--no-start", action="store_true")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results",
                                                       "cli_overhead.json"))
     parser.add_argument("--bare", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args()
     if args.bare:
-        print(json.dumps(bare(args.bare, [a for a in rest if a != "--"])))
+        print(json.dumps(bare(args.bare, [a for a in rest if a != "--"], args.chunk_loop)))
         return
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
@@ -188,7 +215,7 @@ def main():
               "total_timesteps": args.total_timesteps, "repeats": args.repeats}
     if not args.start_only:
         record["side_by_side"] = side_by_side(args.algos, args.seeds, args.total_timesteps,
-                                              args.repeats)
+                                              args.repeats, args.chunk_loop, args.num_devices)
     if not args.no_start:
         record["start_to_exit"] = start_to_exit(args.repeats)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
