@@ -120,7 +120,8 @@ class Progress:
 
 class TensorBoardRun:
     """One TensorBoard run, written as training goes: the hyperparameter table, then every
-    metric per update and charts/SPS, flushed after each `write`.
+    metric per update and charts/SPS. tensorboardX writes events from its own queue: `write`
+    flushes the file, and only `close` guarantees that every queued event is on disk.
 
     `purge=True` (a resumed run): hide every event an earlier process wrote to this run
     directory (tensorboardX's `purge_step`), so the caller rewrites the saved updates and no
@@ -182,8 +183,9 @@ class BackgroundWriter:
 
     `put(fn, *args, **kwargs)` queues a call; `flush()` waits until every queued call has run.
     Leaving the `with` block flushes and ends the thread, also when an exception leaves it (a
-    queued checkpoint is always written out). The first error a queued call raises stops the
-    work and is raised again by the next `put` or `flush`, or on leaving the block.
+    queued checkpoint is always written out). After a queued call raises, the queued calls are
+    skipped while that error waits to be raised in the caller (by the next `put` or `flush`,
+    or on leaving the block); after that, queued calls run again.
     """
 
     def __init__(self):
