@@ -55,7 +55,7 @@ from common.envs import EnvSpec, check_env_id, make_env
 from common.gae import gae
 from common.nn import Conv, Dense, orthogonal
 from common.rollout import EnvState, Trajectory, finished_episode_stats, reset, rollout
-from common.validate import one_of, require
+from common.validate import check_fields, one_of, require
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +116,7 @@ class Config:
     `mlp` flattens images into the MLPs (PureJaxRL's MinAtar baseline, much cheaper on a CPU)."""
 
     def __post_init__(self):  # plain Python: building a Config starts no JAX backend
+        check_fields(self)  # the declared types first: ints are ints, floats finite in float32
         require(self, "positive_int", "total_timesteps", "num_envs", "num_steps", "hidden_size")
         require(self, "positive", "learning_rate", "max_grad_norm", "opt_eps")
         require(self, "unit", "gamma", "gae_lambda")

@@ -9,6 +9,7 @@ Loads a checkpoint written by any of the three algorithm files, rebuilds its `Co
 
 import dataclasses
 import importlib
+import os
 import sys
 from functools import partial
 
@@ -19,6 +20,7 @@ import tyro
 from common.envs import make_env
 from common.evaluate import evaluate, record_episode
 from common.host import checkpoint, logger
+from common.host.cli import tyro_cli
 from common.host.video import check_renderer, save_gif
 
 ALGOS = {"ppo": "algos.ppo", "a2c": "algos.a2c", "impala": "algos.impala"}
@@ -37,6 +39,24 @@ class Args:
     """Seed of the evaluation environments."""
     capture_video: str | None = None
     """Also save a GIF of one episode of the first run to this path."""
+
+
+def check_video_path(path: str):
+    """Raise `ValueError` unless a file can be written at `path` (tested before the episode is
+    played and drawn; a test file made here is removed)."""
+    if os.path.isdir(path):
+        raise ValueError(f"--capture-video {path!r} is a directory; give a file name such as "
+                         "episode.gif.")
+    existed = os.path.exists(path)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "ab"):
+            pass
+    except OSError as error:
+        raise ValueError(f"cannot write the video to {path!r}: "
+                         f"{error.strerror or error}.") from None
+    if not existed:
+        os.remove(path)
 
 
 def restore_run(record: dict, path: str):
@@ -59,13 +79,16 @@ def restore_run(record: dict, path: str):
 
 def main(argv=None):
     """Evaluate the checkpoint named on the command line; print one line per run."""
-    args = tyro.cli(Args, args=argv)
+    args = tyro_cli(Args, argv)
     try:
         if args.episodes < 1:
             raise ValueError(f"--episodes must be a positive integer, got {args.episodes}.")
+        if not 0 <= args.seed < 2**32:
+            raise ValueError(f"--seed must be in [0, 2**32), got {args.seed}.")
         record = checkpoint.load(checkpoint.resolve(args.checkpoint))
         if args.capture_video:
             check_renderer(record["config"].get("env_id"))
+            check_video_path(args.capture_video)
         config, seeds, train, state = restore_run(record, args.checkpoint)
     except ValueError as error:  # CheckpointError included
         print(f"error: {error}", file=sys.stderr)

@@ -55,7 +55,7 @@ from common.envs import EnvSpec, check_env_id, make_env
 from common.minibatch import permutation
 from common.nn import Conv, Dense, orthogonal
 from common.rollout import EnvState, finished_episode_stats, reset, rollout
-from common.validate import one_of, require
+from common.validate import check_fields, one_of, require
 from common.vtrace import vtrace
 
 
@@ -130,12 +130,14 @@ class Config:
     `mlp` flattens images into the MLPs (PureJaxRL's MinAtar baseline, much cheaper on a CPU)."""
 
     def __post_init__(self):  # plain Python: building a Config starts no JAX backend
+        check_fields(self)  # the declared types first: ints are ints, floats finite in float32
         require(self, "positive_int", "total_timesteps", "num_envs", "num_steps",
                 "num_minibatches", "update_epochs", "hidden_size")
         require(self, "nonnegative_int", "actor_lag")
         require(self, "positive", "learning_rate", "max_grad_norm", "opt_eps", "rho_bar",
                 "c_bar", "pg_rho_bar")
-        require(self, "unit", "gamma", "vtrace_lambda", "rms_decay")
+        require(self, "unit", "gamma", "vtrace_lambda")
+        require(self, "unit_open", "rms_decay")
         require(self, "nonnegative", "ent_coef", "vf_coef", "kl_coef")
         one_of(self, "optimizer", ("rmsprop", "adam"))
         one_of(self, "activation", ("tanh", "relu"))
@@ -148,6 +150,10 @@ class Config:
         if self.total_timesteps < self.batch_size:
             raise ValueError(f"--total-timesteps {self.total_timesteps} is less than one "
                              f"batch (num_envs * num_steps = {self.batch_size}).")
+        if self.actor_lag >= self.num_updates:
+            raise ValueError(f"--actor-lag {self.actor_lag} is not shorter than the run "
+                             f"({self.num_updates} updates): the actors would never use "
+                             "parameters the learner produced; pick a smaller lag.")
         check_env_id(self.env_id)
 
     @property

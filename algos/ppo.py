@@ -45,7 +45,7 @@ from common.gae import gae
 from common.minibatch import flat_optimizer, sgd_scan, shuffled_minibatches
 from common.nn import Conv, Dense, orthogonal
 from common.rollout import EnvState, finished_episode_stats, reset, rollout
-from common.validate import one_of, optional_positive, require
+from common.validate import check_fields, one_of, optional_positive, require
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +104,7 @@ class Config:
     `mlp` flattens images into the MLPs (PureJaxRL's MinAtar baseline, much cheaper on a CPU)."""
 
     def __post_init__(self):  # plain Python: building a Config starts no JAX backend
+        check_fields(self)  # the declared types first: ints are ints, floats finite in float32
         require(self, "positive_int", "total_timesteps", "num_envs", "num_steps",
                 "num_minibatches", "update_epochs", "hidden_size")
         require(self, "positive", "learning_rate", "opt_eps", "max_grad_norm", "clip_coef")

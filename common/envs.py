@@ -112,14 +112,26 @@ def _make_gymnax(env_id: str):
     return env, env.default_params
 
 
+MNIST_DIR = "/tmp/mnist"
+MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+               "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+"""gymnax's MNISTBandit-bsuite reads these from `MNIST_DIR`, downloading the missing ones."""
+
+
 def check_env_id(env_id: str):
-    """Raise `ValueError` naming the closest known ids when `env_id` is not a gymnax id."""
+    """Raise `ValueError` naming the closest known ids when `env_id` is not a gymnax id, and
+    for an environment that would download data (MNISTBandit-bsuite without its files)."""
     known = known_env_ids()
     if env_id not in known:
         close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.5)
         hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
         raise ValueError(f"unknown environment id {env_id!r}.{hint} Known gymnax ids: "
                          f"{', '.join(known)}.")
+    missing = [f for f in MNIST_FILES if not os.path.isfile(os.path.join(MNIST_DIR, f))]
+    if env_id == "MNISTBandit-bsuite" and missing:
+        raise ValueError(f"{env_id} needs the MNIST files in {MNIST_DIR} (missing: "
+                         f"{', '.join(missing)}), which gymnax would download from the "
+                         "network; this toolkit never downloads: put them there first.")
 
 
 def make_env(env_id: str):

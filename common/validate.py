@@ -5,9 +5,16 @@ Each check raises `ValueError` with one line that names the command-line flag, w
 be, and the value it got, e.g. `--num-envs must be a positive integer, got 0.`
 """
 
+import dataclasses
 import math
+import types
+import typing
 
 import numpy as np
+
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+"""The smallest normal float32 (about 1.2e-38): a nonzero float field below it in magnitude
+becomes 0 (or a denormal, which XLA flushes to 0) once it is a float32 in the program."""
 
 
 def flag(name: str) -> str:
@@ -32,6 +39,59 @@ RULES = {
 
 def _real(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def check_fields(config):
+    """Raise `ValueError` for the first field of dataclass `config` whose value does not have
+    its declared type: `int` fields hold integers (not `1e5`, not `True`), `float` fields
+    finite numbers that survive the conversion to float32 (neither overflow to inf nor round
+    to 0), `bool` fields booleans, `str` fields strings, `Literal` fields one of their values,
+    and `X | None` fields None or an `X`.
+
+    Run first in `__post_init__`, so that the range checks after it can trust the types; from
+    Python this is what stops `Config(total_timesteps=1e5)` (a float step counter).
+    """
+    for field in dataclasses.fields(config):
+        problem = _type_problem(getattr(config, field.name), field.type)
+        if problem:
+            raise ValueError(f"{flag(field.name)} {problem}.")
+
+
+def _type_problem(value, annotation) -> str | None:
+    """What is wrong with `value` as an `annotation` (None: nothing)."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        problems = [_type_problem(value, a) for a in args if a is not type(None)]
+        return None if None in problems else problems[0]
+    if origin is typing.Literal:
+        return None if value in args else \
+            f"must be one of {', '.join(map(repr, args))}, got {value!r}"
+    if annotation is bool:
+        return None if isinstance(value, (bool, np.bool_)) else \
+            f"must be true or false, got {value!r}"
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            return f"must be an integer, got {value!r} ({type(value).__name__})"
+        return None
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
+                                                             np.floating)):
+            return f"must be a number, got {value!r} ({type(value).__name__})"
+        if not math.isfinite(value):
+            return f"must be a finite number, got {value!r}"
+        with np.errstate(over="ignore"):
+            as_float32 = float(np.float32(value))
+        if not math.isfinite(as_float32):
+            return f"is {value!r}, beyond float32's range (about 3.4e38) in the program"
+        if value != 0 and abs(value) < FLOAT32_TINY:
+            return (f"is {value!r}, which rounds to 0 in float32 in the program (the smallest "
+                    f"float32 is about {FLOAT32_TINY:.1e})")
+        return None
+    if annotation is str:
+        return None if isinstance(value, str) else f"must be a string, got {value!r}"
+    return None
 
 
 def require(config, rule: str, *names: str):

@@ -79,5 +79,6 @@ def save_initial(path, algo: str, num_seeds: int = 1, **overrides) -> str:
     config, _, state = initial_state(algo, num_seeds, **overrides)
     checkpoint.save(str(path), algo=algo, config=dataclasses.asdict(config),
                     run=dataclasses.asdict(RunOptions(num_seeds=num_seeds, exp_name=algo)),
-                    update=0, run_time=0, train_state=state, metrics={})
+                    run_names=[f"{algo}_run_{i}" for i in range(num_seeds)], update=0,
+                    run_time=0, train_state=state, metrics={})
     return str(path)

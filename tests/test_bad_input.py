@@ -1,16 +1,19 @@
 """The bad-input catalogue: every mistake on the command line that can be detected before
 training gets one line on stderr, `error: ...`, and a non-zero exit (2), for every algorithm and
-for the `evaluate` entry point. Mistakes during training (a diverging loss, an interrupted run)
-are tested in `tests/test_checkpoint.py`.
+for the `evaluate` entry point: bad values and sizes, values that do not survive float32,
+sizes that cannot fit in memory, paths that cannot be written, process options, corrupt
+checkpoints, and malformed flags (tyro's boxed message, turned into one line). Every case
+here fails before anything compiles. A config built from Python refuses the same values.
+Mistakes during training (a diverging loss, an interrupted run, a full disk) are tested in
+`tests/test_checkpoint.py` and `tests/test_edges.py`.
 
 Not in the catalogue: a continuous-only option on a discrete environment, because no option
-is continuous-only (every flag applies to both kinds of action space). Malformed flags (an
-unknown name, a value of the wrong type) are caught by tyro, which explains them in its own
-boxed message, also with exit status 2 (last test).
+is continuous-only (every flag applies to both kinds of action space).
 """
 
 import importlib
 import os
+import re
 import subprocess
 import sys
 
@@ -32,10 +35,18 @@ def files(tmp_path_factory):
     (d / "empty.msgpack").write_bytes(b"")
     (d / "foreign.msgpack").write_bytes(serialization.msgpack_serialize({"weights": [1, 2]}))
     (d / "run_without_checkpoint").mkdir()
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0x01  # one bit of a weight
+    (d / "flipped.msgpack").write_bytes(bytes(flipped))
+    (d / "old.msgpack").write_bytes(serialization.msgpack_serialize(
+        {"format_version": 2, "algo": "a2c"}))
+    (d / "a_file").write_text("")
+
     return {"ckpt": good, "truncated": str(d / "truncated.msgpack"),
             "corrupt": str(d / "corrupt.msgpack"), "empty": str(d / "empty.msgpack"),
             "foreign": str(d / "foreign.msgpack"), "missing": str(d / "nowhere.msgpack"),
-            "dir": str(d / "run_without_checkpoint"),
+            "dir": str(d / "run_without_checkpoint"), "flipped": str(d / "flipped.msgpack"),
+            "old_format": str(d / "old.msgpack"), "file": str(d / "a_file"),
             "umbrella": save_initial(d / "umbrella.msgpack", "ppo",
                                      env_id="UmbrellaChain-bsuite")}
 
@@ -72,7 +83,53 @@ CATALOGUE = [
     ("ppo", ["--gamma", "1.5"], "--gamma must be in [0, 1]"),
     ("a2c", ["--rms-decay", "1.0"], "--rms-decay must be in [0, 1)"),
     ("impala", ["--actor-lag", "-1"], "--actor-lag must be >= 0"),
+    # --- values that are not what their type says (finite, float32-safe, integers) ---
+    ("ppo", ["--opt-eps", "inf"], "--opt-eps must be a finite number, got inf"),
+    ("a2c", ["--opt-eps", "inf"], "--opt-eps must be a finite number, got inf"),
+    ("impala", ["--opt-eps", "nan"], "--opt-eps must be a finite number, got nan"),
+    ("ppo", ["--learning-rate", "1e-50"], "rounds to 0 in float32"),
+    ("a2c", ["--learning-rate", "1e-45"], "rounds to 0 in float32"),
+    ("impala", ["--learning-rate", "1e-40"], "rounds to 0 in float32"),
+    ("ppo", ["--vf-coef", "inf"], "--vf-coef must be a finite number"),
+    ("a2c", ["--ent-coef", "1e39"], "beyond float32's range"),
+    ("impala", ["--kl-coef", "inf"], "--kl-coef must be a finite number"),
+    ("impala", ["--rms-decay", "1.0"], "--rms-decay must be in [0, 1)"),
+    ("impala", ["--actor-lag", "1562"], "--actor-lag 1562 is not shorter than the run (1562 "
+                                          "updates)"),
+    ("ppo", ["--seed", "-1"], "--seed must be >= 0"),
+    ("a2c", ["--seed", "18446744073709551615", "--num-seeds", "2"], "past the largest seed"),
+    ("impala", ["--seed", "18446744073709551616"], "past the largest seed"),
+    ("ppo", ["--total-timesteps", "1000000000000000"], "more than the 2**31 - 1 a run can"),
+    ("a2c", ["--total-timesteps", "100000000000000"], "more than the 2**31 - 1 a run can"),
+    ("impala", ["--total-timesteps", "100000000000000"], "more than the 2**31 - 1 a run can"),
+    # --- sizes that cannot fit ---
+    ("ppo", ["--hidden-size", "60000"], "does not fit in memory"),
+    ("a2c", ["--hidden-size", "60000"], "reduce --num-seeds, --num-envs, --num-steps, "
+                                        "--hidden-size."),
+    ("impala", ["--hidden-size", "60000"], "--hidden-size, --actor-lag."),
+    # --- environments that would download ---
+    ("a2c", ["--env-id", "MNISTBandit-bsuite"], "needs the MNIST files in"),
+    # --- paths, checked before anything compiles ---
+    ("ppo", ["--log-dir", "{file}"], "--log-dir '{file}' is a file, not a directory"),
+    ("a2c", ["--log-dir", "/proc/onpolicy-jax-runs"], "cannot create the run directory"),
+    ("impala", ["--exp-name", "x" * 300], "File name too long (shorten --exp-name)"),
+    # --- process options, each by name ---
+    ("ppo", ["--num-processes", "2"], "--num-processes > 1 needs --coordinator-address"),
+    ("a2c", ["--num-processes", "2", "--process-id", "2"], "= [0, 2), got 2."),
+    ("impala", ["--process-id", "1"], "--process-id must be in [0, num_processes)"),
+    ("ppo", ["--num-processes", "0"], "--num-processes must be a positive integer"),
+    ("ppo", ["--distributed-timeout", "0"], "--distributed-timeout must be a positive integer"),
+    ("a2c", ["--num-devices", "99"], "--num-devices 99: only"),
+    # --- malformed flags (tyro's message, as one line) ---
+    ("ppo", ["--num-envs", "abc"], "Error parsing --num-envs: invalid literal for int()"),
+    ("a2c", ["--gamma", "high"], "Error parsing --gamma"),
+    ("impala", ["--num-env", "3"], "Unrecognized options: --num-env, 3; did you mean "
+                                   "--num-envs?"),
+    ("ppo", ["--network", "rnn"], "invalid choice 'rnn' for argument '--network'"),
+    ("a2c", ["--num-envs"], "Missing value for argument '--num-envs'"),
     # --- checkpoints ---
+    ("ppo", ["--resume", "{flipped}"], "'{flipped}' is corrupt: its contents do not match"),
+    ("a2c", ["--resume", "{old_format}"], "has checkpoint format 2; this code reads format 3"),
     ("ppo", ["--resume", "{missing}"], "no checkpoint file at '{missing}'"),
     ("ppo", ["--resume", "{dir}"], "no checkpoint file at '{dir}/latest.msgpack'"),
     ("ppo", ["--resume", "{truncated}"], "'{truncated}' is not a readable checkpoint (corrupt"),
@@ -89,6 +146,9 @@ CATALOGUE = [
     ("evaluate", ["{ckpt}", "--episodes", "0"], "--episodes must be a positive integer"),
     ("evaluate", ["{umbrella}", "--capture-video", "x.gif"],
      "gymnax has no renderer for 'UmbrellaChain-bsuite'"),
+    ("evaluate", ["{ckpt}", "--seed", "-1"], "--seed must be in [0, 2**32)"),
+    ("evaluate", ["{flipped}"], "is corrupt: its contents do not match their checksum"),
+    ("evaluate", ["{ckpt}", "--episodes", "many"], "Error parsing --episodes"),
 ]
 
 
@@ -110,6 +170,9 @@ def test_bad_input_is_one_clear_line_and_exit_2(name, argv, message, files, caps
 
 
 @pytest.mark.parametrize("command", [["algos/a2c.py", "--resume", "{corrupt}"],
+                                     ["algos/ppo.py", "--resume", "{flipped}"],
+                                     ["algos/impala.py", "--hidden-size", "60000"],
+                                     ["algos/ppo.py", "--num-envs", "abc"],
                                      ["-m", "algos.evaluate", "{missing}"]])
 def test_bad_checkpoint_from_a_real_process_has_no_traceback(command, files):
     result = subprocess.run([sys.executable, *[a.format(**files) for a in command]], cwd=ROOT,
@@ -119,10 +182,32 @@ def test_bad_checkpoint_from_a_real_process_has_no_traceback(command, files):
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
 
 
-@pytest.mark.parametrize("argv,message", [(["--num-envs", "abc"], "Error parsing --num-envs"),
-                                          (["--num-env", "3"], "Unrecognized options")])
-def test_malformed_flags_are_explained_by_tyro_with_exit_2(argv, message, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        entry_point("ppo")(argv)
-    assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+@pytest.mark.parametrize("algo", ["ppo", "a2c", "impala"])
+@pytest.mark.parametrize("field,value,message", [
+    ("total_timesteps", 1e5, "--total-timesteps must be an integer, got 100000.0 (float)"),
+    ("num_envs", True, "--num-envs must be an integer, got True (bool)"),
+    ("learning_rate", float("inf"), "--learning-rate must be a finite number, got inf"),
+    ("gamma", "0.99", "--gamma must be a number, got '0.99' (str)"),
+])
+def test_a_config_from_python_refuses_values_of_the_wrong_type(algo, field, value, message):
+    config_cls = importlib.import_module(f"algos.{algo}").Config
+    with pytest.raises(ValueError, match=re.escape(message)):
+        config_cls(**{field: value})
+
+
+def test_run_options_from_python_refuse_a_float_seed():
+    from common.host.options import RunOptions
+
+    with pytest.raises(ValueError, match=re.escape("--seed must be an integer, got 1.5")):
+        RunOptions(seed=1.5)
+
+
+def test_mnist_bandit_runs_once_its_files_are_there(tmp_path, monkeypatch):
+    from common import envs
+
+    monkeypatch.setattr(envs, "MNIST_DIR", str(tmp_path))
+    with pytest.raises(ValueError, match="missing: train-images-idx3-ubyte.gz"):
+        envs.check_env_id("MNISTBandit-bsuite")
+    for name in envs.MNIST_FILES:
+        (tmp_path / name).write_bytes(b"")
+    envs.check_env_id("MNISTBandit-bsuite")  # nothing missing: no refusal

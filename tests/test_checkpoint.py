@@ -150,7 +150,7 @@ def test_interrupted_in_process_and_resumed_equals_uninterrupted(reference, tmp_
     path = latest(tmp_path)
     out = capsys.readouterr()
     assert f"interrupted at update 80 of {NUM_UPDATES}; checkpoint: {path}" in out.out
-    assert "SIGINT: stopping after this chunk" in out.err
+    assert "SIGINT: saving the last complete update and stopping" in out.err
     assert checkpoint.load(path)["update"] == 80
     assert signal.getsignal(signal.SIGINT) is before  # the previous handler is restored
 
@@ -238,8 +238,8 @@ def test_non_finite_parameter_keeps_the_last_good_checkpoint(cache, tmp_path, ca
 def test_checkpoint_writes_are_atomic_and_leave_no_temporary_file(tmp_path, monkeypatch):
     path = str(tmp_path / "run" / checkpoint.LATEST)
     state = {"w": np.arange(6.0).reshape(2, 3)}
-    checkpoint.save(path, algo="ppo", config={"lr": 0.1}, run={}, update=3, run_time=7,
-                    train_state=state, metrics={"loss": np.ones((2, 3))})
+    checkpoint.save(path, algo="ppo", config={"lr": 0.1}, run={}, run_names=[], update=3,
+                    run_time=7, train_state=state, metrics={"loss": np.ones((2, 3))})
     before = open(path, "rb").read()
 
     def crash(src, dst):  # the process dies between writing the new file and renaming it
@@ -247,8 +247,8 @@ def test_checkpoint_writes_are_atomic_and_leave_no_temporary_file(tmp_path, monk
 
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(KeyboardInterrupt):
-        checkpoint.save(path, algo="ppo", config={"lr": 0.1}, run={}, update=4, run_time=7,
-                        train_state=state, metrics={"loss": np.ones((2, 4))})
+        checkpoint.save(path, algo="ppo", config={"lr": 0.1}, run={}, run_names=[], update=4,
+                        run_time=7, train_state=state, metrics={"loss": np.ones((2, 4))})
     assert open(path, "rb").read() == before  # the old checkpoint is intact
     assert os.listdir(tmp_path / "run") == [checkpoint.LATEST]
     record = checkpoint.load(path)

@@ -2,6 +2,7 @@
 happens when one dies. Helpers from `tests/test_scaling.py` (subprocesses under a hard
 `timeout -k`, ports chosen free)."""
 
+import glob
 import queue
 import subprocess
 import sys
@@ -31,6 +32,12 @@ def test_two_processes_on_localhost(parallel, cache, tmp_path):
     assert "parameters identical on all 2 processes" in p0.stdout, p0.stdout
     record = final_state(tmp_path)
     assert record["update"] == 8
+    if parallel == "seeds":  # resumed alone: the saved process options are not inherited
+        (path,) = glob.glob(str(tmp_path / "*" / "latest.msgpack"))
+        (alone,) = cli(["--resume", path], seconds=60, devices=2, cache=cache,
+                       log_dir=tmp_path)
+        assert alone.returncode == 0, alone.stderr[-2000:]
+        assert "nothing to do" in alone.stdout and "is at update 8 of 8" in alone.stdout
 
 
 @pytest.mark.parametrize("parallel", ["data", "seeds"])
@@ -83,3 +90,45 @@ def test_a_dead_peer_stops_the_other_process_within_a_bounded_time(parallel, tmp
     assert waited < timeout * 4, waited
     print(f"process 0 stopped {waited:.1f}s after its peer died, exit {survivor.returncode}: "
           f"{message[0][:200]}")
+
+
+# ------------------------------------------------------------------ mistakes
+def test_processes_started_with_different_flags_all_stop_with_one_line(cache, tmp_path):
+    """Process 1 is given another learning rate: neither trains (a silent divergence before
+    this check; with another run length, a deadlock)."""
+    address = f"127.0.0.1:{free_port()}"
+    base = [sys.executable, "algos/ppo.py", *SHORT, "--num-seeds", "2", "--log-dir",
+            str(tmp_path), "--coordinator-address", address, "--num-processes", "2",
+            "--distributed-timeout", "30", "--process-id"]
+    runs = [subprocess.Popen(hard_timeout(120) + base + ["0"], cwd=ROOT, env=env(1, cache),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+            subprocess.Popen(hard_timeout(120) + base + ["1", "--learning-rate", "0.001"],
+                             cwd=ROOT, env=env(1, cache), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)]
+    for r in runs:
+        out, err = r.communicate()
+        assert r.returncode == 2, err[-2000:]
+        errors = [line for line in err.splitlines() if line.startswith("error: ")]
+        assert errors == ["error: process(es) 1 of this 2-process run were started with other "
+                          "flags than process 0; start every process with the same flags (only "
+                          "--process-id differs)."], err[-2000:]
+        assert "Traceback" not in err and "done:" not in out
+
+
+def test_a_process_whose_peers_never_come_stops_with_one_line(tmp_path):
+    """JAX's own failure here is a C++ abort some seconds after the timeout; ours comes
+    first, as one line with what to do."""
+    address = f"127.0.0.1:{free_port()}"
+    start = time.monotonic()
+    result = subprocess.run(hard_timeout(60) + [
+        sys.executable, "algos/ppo.py", *SHORT, "--log-dir", str(tmp_path),
+        "--coordinator-address", address, "--num-processes", "2", "--process-id", "0",
+        "--distributed-timeout", "3"], cwd=ROOT, env=env(1), capture_output=True, text=True)
+    waited = time.monotonic() - start
+    assert result.returncode == 1, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == [f"error: process 0 of 2: not every process connected to the coordinator "
+                     f"{address} within 3 s (--distributed-timeout); start all 2 processes "
+                     "with the same --num-processes and --coordinator-address, each with its "
+                     "own --process-id from 0 to 1."], result.stderr[-2000:]
+    assert waited < 30, waited

@@ -1,43 +1,64 @@
-"""Checkpoints: the whole training state in one msgpack file, written atomically.
+"""Checkpoints: the whole training state in one checksummed msgpack file, written atomically,
+with the previous one kept beside it.
 
-A checkpoint is a msgpack map (`flax.serialization.msgpack_serialize`) of plain values:
+A checkpoint file is a msgpack map (`flax.serialization`) of three fields:
 
     format_version  int, `FORMAT_VERSION`
-    algo            "ppo", "a2c" or "impala"
-    config          the algorithm's Config as a dict (`dataclasses.asdict`)
-    run             the run options (`common/host/options.py`'s RunOptions) as a dict
-    update          how many updates the runs have made
-    run_time        unix time of the run's start (its TensorBoard run names keep it)
-    train_state     the vmapped TrainState as a state dict: parameters, optimiser state,
-                    observation statistics, environment states, PRNG keys; leading axis
-                    [num_seeds] on every array
-    metrics         metric name -> array [num_seeds, update], the rows so far
+    sha256          hex SHA-256 of `payload`
+    payload         the msgpack bytes of the record:
+        algo            "ppo", "a2c" or "impala"
+        config          the algorithm's Config as a dict (`dataclasses.asdict`)
+        run             the run options (`common/host/options.py`'s RunOptions) as a dict
+        run_names       the runs' directory names under the log directory, one per seed
+        update          how many updates the runs have made
+        run_time        unix time of the run's start
+        versions        the versions of Python and the libraries that wrote it
+        train_state     the vmapped TrainState as a state dict: parameters, optimiser state,
+                        observation statistics, environment states, PRNG keys; leading axis
+                        [num_seeds] on every array
+        metrics         metric name -> array [num_seeds, update], the rows so far
 
-msgpack holds only maps, lists, numbers, strings and arrays, so loading a file can never run
+A file whose payload does not match its checksum is refused, whatever byte changed: a flipped
+bit in a weight, in the optimiser state or in the metrics is found before anything is loaded.
+msgpack holds only maps, lists, numbers, strings and bytes, so loading a file can never run
 code (unlike pickle). The train state is rebuilt with `flax.serialization.from_state_dict`
 against a template of the expected structure (`jax.eval_shape` of the vmapped `init`), and
 every array's shape and dtype is checked against it.
 
 Writes are atomic: the bytes go to a temporary file in the same directory, are flushed and
 fsync'ed, and the file is renamed over the old one (`os.replace`, atomic on POSIX), then the
-directory is fsync'ed. A process killed at any moment leaves either the old checkpoint or the
-new one, never a partial file.
+directory is fsync'ed. A process killed at any moment, or a disk that fills up, leaves either
+the old checkpoint or the new one, never a partial file. Two checkpoints are kept: before the
+new one replaces `latest.msgpack`, the old one becomes `latest.previous.msgpack` (a hard link,
+so there is no moment without a latest), and a corrupted latest file names its intact
+predecessor to resume instead.
 """
 
+import hashlib
 import os
+import platform
 import tempfile
+from importlib import metadata
 
 import jax
 import numpy as np
 from flax import serialization
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 LATEST = "latest.msgpack"
 """File name of the checkpoint a run keeps up to date in its directory."""
+KEPT = 2
+"""Checkpoints kept per run: the latest and the one before it (`previous_path`)."""
+RECORD_FIELDS = ("algo", "config", "run", "run_names", "update", "run_time", "versions",
+                 "train_state", "metrics")
+_LIBRARIES = ("jax", "jaxlib", "flax", "optax", "distrax", "gymnax", "numpy")
+
+writing: set = set()
+"""Temporary files being written right now (removed by a process that must stop at once)."""
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that is missing, unreadable, or does not fit the run asked of it."""
+    """A checkpoint that is missing, unreadable, corrupt, or does not fit the run asked of it."""
 
 
 def resolve(path: str) -> str:
@@ -45,65 +66,163 @@ def resolve(path: str) -> str:
     return os.path.join(path, LATEST) if os.path.isdir(path) else path
 
 
-def save(path: str, *, algo: str, config: dict, run: dict, update: int, run_time: int,
-         train_state, metrics: dict):
-    """Write a checkpoint to `path` atomically (see the module docstring)."""
+def previous_path(path: str) -> str:
+    """Where the checkpoint before `path`'s is kept: `latest.msgpack` ->
+    `latest.previous.msgpack`."""
+    stem, ext = os.path.splitext(path)
+    return f"{stem}.previous{ext or '.msgpack'}"
+
+
+def home(path: str) -> str:
+    """The checkpoint a run resumed from `path` writes to: `path` itself, or, for a kept
+    previous checkpoint (`latest.previous.msgpack`), the latest one it stands in for."""
+    stem, ext = os.path.splitext(path)
+    return stem[: -len(".previous")] + ext if stem.endswith(".previous") else path
+
+
+def library_versions() -> dict:
+    """Python's and the libraries' versions, as recorded in every checkpoint."""
+    versions = {"python": platform.python_version()}
+    for name in _LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def check_writable(path: str):
+    """Raise `CheckpointError` unless a checkpoint can be written at `path`: not a directory,
+    its directory creatable, and a file can be created in it (tested with a temporary file)."""
+    if os.path.isdir(path):
+        raise CheckpointError(f"cannot write the checkpoint to {path!r}: it is a directory.")
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".probe", dir=directory)
+        os.close(fd)
+        os.remove(tmp)
+    except OSError as error:
+        raise CheckpointError(f"cannot write the checkpoint to {path!r}: "
+                              f"{error.strerror or error}.") from None
+
+
+def save(path: str, *, algo: str, config: dict, run: dict, run_names: list, update: int,
+         run_time: int, train_state, metrics: dict, keep_previous: bool = True):
+    """Write a checkpoint to `path` atomically (see the module docstring); with
+    `keep_previous`, the file already at `path` becomes `previous_path(path)` first."""
     record = {
-        "format_version": FORMAT_VERSION,
         "algo": algo,
         "config": config,
         "run": run,
+        "run_names": list(run_names),
         "update": int(update),
         "run_time": int(run_time),
+        "versions": library_versions(),
         "train_state": serialization.to_state_dict(jax.device_get(train_state)),
         "metrics": {k: np.asarray(v) for k, v in metrics.items()},
     }
-    data = serialization.msgpack_serialize(record)
+    payload = serialization.msgpack_serialize(record)
+    data = serialization.msgpack_serialize({"format_version": FORMAT_VERSION,
+                                            "sha256": hashlib.sha256(payload).hexdigest(),
+                                            "payload": payload})
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".msgpack", dir=directory)
+    if keep_previous and os.path.isfile(path):
+        _replace_atomically(previous_path(path), lambda tmp: _link_or_copy(path, tmp))
+    _replace_atomically(path, lambda tmp: _write(tmp, data))
+    dir_fd = os.open(directory, os.O_RDONLY)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        os.fsync(dir_fd)  # make the renames themselves durable
+    finally:
+        os.close(dir_fd)
+
+
+def _replace_atomically(path: str, make):
+    """`make(tmp)` a temporary file beside `path`, then rename it over `path`."""
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".msgpack",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    os.close(fd)
+    writing.add(tmp)
+    try:
+        make(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
     finally:
-        os.close(dir_fd)
+        writing.discard(tmp)
+
+
+def _write(tmp: str, data: bytes):
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _link_or_copy(source: str, tmp: str):
+    os.remove(tmp)
+    try:
+        os.link(source, tmp)
+    except OSError:  # a file system without hard links
+        with open(source, "rb") as f:
+            _write(tmp, f.read())
 
 
 def load(path: str) -> dict:
     """Read a checkpoint file into plain values (arrays are NumPy arrays).
 
     Raises `CheckpointError` with a one-line message when the file is missing, truncated,
-    corrupt, or not a checkpoint of this format.
+    corrupt (its checksum fails), or not a checkpoint of this format; for a corrupt file the
+    message names the previous checkpoint when that one is intact.
     """
+    try:
+        return _load(path)
+    except CheckpointError as error:
+        previous = previous_path(path)
+        if os.path.isfile(path) and os.path.isfile(previous):
+            try:
+                update = _load(previous)["update"]
+            except CheckpointError:
+                raise error from None
+            raise CheckpointError(f"{error} The previous checkpoint {previous!r} (update "
+                                  f"{update}) is intact: --resume it.") from None
+        raise
+
+
+def _load(path: str) -> dict:
     if not os.path.isfile(path):
         raise CheckpointError(f"no checkpoint file at {path!r}.")
     with open(path, "rb") as f:
         data = f.read()
     if not data:
         raise CheckpointError(f"{path!r} is empty, not a checkpoint.")
+    outer = _unpack(data, path)
+    if not isinstance(outer, dict) or "format_version" not in outer:
+        raise CheckpointError(f"{path!r} is not a checkpoint of this project (missing fields).")
+    if outer["format_version"] != FORMAT_VERSION:
+        raise CheckpointError(f"{path!r} has checkpoint format {outer['format_version']!r}; "
+                              f"this code reads format {FORMAT_VERSION}.")
+    payload = outer.get("payload")
+    if not isinstance(payload, bytes) or not isinstance(outer.get("sha256"), str):
+        raise CheckpointError(f"{path!r} is not a checkpoint of this project (missing fields).")
+    if hashlib.sha256(payload).hexdigest() != outer["sha256"]:
+        raise CheckpointError(f"{path!r} is corrupt: its contents do not match their "
+                              "checksum.")
+    record = _unpack(payload, path)
+    if not isinstance(record, dict) or not set(RECORD_FIELDS) <= set(record):
+        raise CheckpointError(f"{path!r} is not a checkpoint of this project (missing fields).")
+    return record
+
+
+def _unpack(data: bytes, path: str):
     try:
-        record = serialization.msgpack_restore(data)
+        return serialization.msgpack_restore(data)
     except Exception as error:  # msgpack raises many types for bad bytes
         raise CheckpointError(f"{path!r} is not a readable checkpoint (corrupt or truncated "
                               f"file: {type(error).__name__}).") from None
-    keys = {"format_version", "algo", "config", "run", "update", "run_time", "train_state",
-            "metrics"}
-    if not isinstance(record, dict) or not keys <= set(record):
-        raise CheckpointError(f"{path!r} is not a checkpoint of this project (missing fields).")
-    if record["format_version"] != FORMAT_VERSION:
-        raise CheckpointError(f"{path!r} has checkpoint format {record['format_version']}; "
-                              f"this code reads format {FORMAT_VERSION}.")
-    return record
 
 
 def restore(template, state_dict, path: str = "checkpoint"):

@@ -24,7 +24,9 @@ callbacks out of the compiled program, so it lands in JAX's persistent compilati
 second identical command skips compilation.
 """
 
+import contextlib
 import dataclasses
+import errno
 import math
 import os
 import signal
@@ -32,6 +34,7 @@ import sys
 import threading
 import time
 import warnings
+import zlib
 from functools import partial
 from typing import Annotated, Any
 
@@ -53,16 +56,26 @@ return); every other metric and every parameter is checked for NaN/inf after eac
 
 def main(algo: str, config_cls, make_train, argv=None):
     """`python algos/<algo>.py [flags]`: parse, set up JAX, build `train`, train and log."""
-    config, run = parse(algo, config_cls, argv)
-    setup_devices(run)  # before anything starts JAX's backend (make_env does)
-    from common.host.prng import unroll_threefry_on_cpu
-
-    unroll_threefry_on_cpu()  # the command line's choice: the same random bits, faster on CPU
+    global EXIT_AT_ONCE
+    EXIT_AT_ONCE = argv is None  # a real command line, not a call from Python
     try:
-        train = make_train(config)
-    except ValueError as error:  # e.g. a network the environment cannot take
-        fail(error)
-    return train_and_log(algo, config, run, train)
+        config, run = parse(algo, config_cls, argv)
+        setup_devices(run)  # before anything starts JAX's backend (make_env does)
+        from common.host.prng import unroll_threefry_on_cpu
+
+        unroll_threefry_on_cpu()  # the command line's choice: the same random bits, faster on CPU
+        try:
+            train = make_train(config)
+        except ValueError as error:  # e.g. a network the environment cannot take
+            fail(error)
+        return train_and_log(algo, config, run, train)
+    except KeyboardInterrupt:  # Ctrl-C before training started (training handles its own)
+        print("\ninterrupted while starting; nothing was trained or written", file=sys.stderr,
+              flush=True)
+        raise SystemExit(128 + signal.SIGINT) from None
+    except BrokenPipeError:  # `... --help | head`: the reader left, nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(0) from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -75,7 +88,8 @@ def parse(algo: str, config_cls, argv=None):
     into copies of both classes without `__post_init__`, so that their own validation message
     reaches the user as one line rather than inside tyro's error box. With `--resume PATH`,
     the saved run gives the defaults: flags not given continue the saved run, and a given flag
-    that changes it is refused by `train_and_log`.
+    that changes it is refused by `train_and_log`. Where the run goes (the processes and
+    their coordinator) is never inherited: a run saved by two processes can be resumed by one.
     """
     import tyro
 
@@ -91,13 +105,63 @@ def parse(algo: str, config_cls, argv=None):
         if resume is not None:
             record = checkpoint.load(checkpoint.resolve(resume))
             saved_run, saved_config = record["run"], record["config"]
-        default = command(_build(unchecked[RunOptions], RunOptions, saved_run, skip={"resume"}),
+        default = command(_build(unchecked[RunOptions], RunOptions, saved_run,
+                                 skip={"resume", *NOT_INHERITED}),
                           _build(unchecked[config_cls], config_cls, saved_config))
-        parsed = tyro.cli(command, args=argv, default=default)
+        parsed = tyro_cli(command, argv, default=default)
         return (config_cls(**dataclasses.asdict(parsed.config)),
                 RunOptions(**dataclasses.asdict(parsed.run)))
     except ValueError as error:  # checkpoint.CheckpointError included
         fail(error)
+
+
+NOT_INHERITED = ("coordinator_address", "num_processes", "process_id")
+"""Run options a resumed run does not take from its checkpoint: where it runs now."""
+
+
+def tyro_cli(cls, argv, **kwargs):
+    """`tyro.cli(cls, args=argv)`, with tyro's boxed error message (a mistyped value, an
+    unknown flag) turned into one line, `error: ...`, and exit status 2. `--help` is tyro's."""
+    import contextlib
+    import io
+
+    import tyro
+
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            return tyro.cli(cls, args=argv, **kwargs)
+    except SystemExit as exit_:
+        if exit_.code in (0, None):
+            raise
+        fail(one_line(captured.getvalue()))
+
+
+def one_line(box: str) -> str:
+    """tyro's error box as one line: its message, and the flag it suggests if it has one."""
+    sections, current = [], []  # the box's title, then its sections between rules
+    for raw in box.splitlines() + [""]:
+        line = raw.strip(" \u2502\u256d\u256e\u2570\u256f\u2500")
+        if set(line) <= set("-"):  # a rule (or the border around it)
+            sections += [current] if current else []
+            current = []
+        elif raw.lstrip().startswith("\u256d"):  # the top border, with the title in it
+            sections.append([line])
+        else:
+            current.append(line)
+    if not sections:
+        return "could not parse the command line; see --help."
+    title, rest = " ".join(sections[0]), sections[1:]
+    body = [" ".join(sec) for sec in rest if not sec[0].startswith(("For full helptext",
+                                                                  "Argument helptext",
+                                                                  "Perhaps you meant"))]
+    message = body[0] if body else title
+    for sec in rest:
+        if sec[0].startswith("Perhaps you meant"):
+            flags = [w for line in sec[1:] for w in line.split()[:1] if w.startswith("-")]
+            if flags:
+                message += f"; did you mean {' or '.join(dict.fromkeys(flags))}?"
+    return message.rstrip(".") + " (see --help)."
 
 
 def _without_checks(cls):
@@ -143,10 +207,18 @@ class Session:
     first: int = 0
     """The update this process starts from (0, or the resumed checkpoint's)."""
     run_time: int = 0
+    names: list = dataclasses.field(default_factory=list)
+    """The runs' directory names under `run.log_dir`, one per seed (`claim_run_dirs`)."""
     path: str = ""
     """The checkpoint file."""
     rows: list = dataclasses.field(default_factory=list)
     saved_update: int | None = None
+    """The update of the last checkpoint queued for writing."""
+    written_update: int | None = None
+    """The update of the last checkpoint known to be on disk."""
+    latest_is_ours: bool = False
+    """Whether the file at `path` is a checkpoint this run wrote or verified (only then does
+    a new checkpoint keep it as the previous one)."""
     compile_time: float = 0.0
     train_time: float = 0.0
     files: Any = None
@@ -157,8 +229,7 @@ class Session:
         return jax.process_index() == 0
 
     def run_names(self) -> list[str]:
-        return [logger.run_name(self.config.env_id, self.run.exp_name, self.run.seed + i,
-                                self.run_time) for i in range(self.run.num_seeds)]
+        return self.names
 
 
 def train_and_log(algo: str, config, run: RunOptions, train):
@@ -172,6 +243,10 @@ def train_and_log(algo: str, config, run: RunOptions, train):
     """
     logger.enable_compilation_cache()  # first: every program below can come from the cache
     setup_devices(run)  # a no-op when `main` did it or JAX already runs
+    if config.num_updates >= 2**31:
+        fail(f"--total-timesteps {config.total_timesteps} makes {config.num_updates:,} "
+             "updates, more than the 2**31 - 1 a run can count; use fewer steps or a larger "
+             "batch.")
     start = time.perf_counter()
     session = start_or_resume(algo, config, run, train)
     if session.first == config.num_updates:
@@ -186,32 +261,165 @@ def train_and_log(algo: str, config, run: RunOptions, train):
 
 def start_or_resume(algo: str, config, run: RunOptions, train) -> Session:
     """Lay the runs out on the devices and give them their first state: fresh from
-    `train.init`, or the checkpoint's with `--resume`."""
+    `train.init`, or the checkpoint's with `--resume`. Before anything compiles: the
+    processes agree on the run, the state fits in memory, and the run's directories and
+    checkpoint path are claimed and writable."""
+    agree_across_processes(config, run)
     keys = logger.seed_keys(run.seed, run.num_seeds)
     hparams = jax.vmap(lambda _: config.hparams())(keys)
     template = jax.eval_shape(jax.vmap(train.init), keys, hparams)
     layout = Layout(run, config.num_envs, template)
+    check_fits_in_memory(config, template, layout)
     session = Session(algo, config, run, train, layout, template,
                       layout.put(keys, layout.seeds), layout.put(hparams, layout.seeds))
     if run.resume:
-        session.path = checkpoint.resolve(run.resume)
         try:
-            state, record = resume(session.path, algo, config, run, template)
+            state, record = resume(checkpoint.resolve(run.resume), algo, config, run, template)
+            session.path = checkpoint.home(checkpoint.resolve(run.resume))
+            if session.writer:
+                checkpoint.check_writable(session.path)
         except checkpoint.CheckpointError as error:
             fail(error)
+        session.latest_is_ours = session.path == checkpoint.resolve(run.resume)
+        now = checkpoint.library_versions()
+        changed = [f"{k} {v} -> {now.get(k)}" for k, v in record["versions"].items()
+                   if now.get(k) != v]
+        if changed and session.writer:
+            print(f"note: {session.path} was written with other versions ({', '.join(changed)});"
+                  " the run continues, but need not match an uninterrupted run bitwise.",
+                  file=sys.stderr, flush=True)
         session.state = layout.put(state, layout.state)
         session.first, session.run_time = record["update"], record["run_time"]
+        session.names = list(record["run_names"])
         session.rows = [record["metrics"]] if session.first > 0 else []
-        session.saved_update = session.first
+        session.saved_update = session.written_update = session.first
         return session
+    session.run_time = int(from_process_0(int(time.time())))  # process 0's clock names the run
+    session.names = claim_run_dirs(config, run, session.run_time, session.writer)
+    session.path = os.path.join(run.log_dir, session.names[0], checkpoint.LATEST)
+    if session.writer:
+        try:
+            checkpoint.check_writable(session.path)
+        except checkpoint.CheckpointError as error:
+            fail(error)
     try:
         init = layout.spread(jax.vmap(train.init), (layout.seeds, layout.seeds), layout.state)
-        session.state = init(session.keys, session.hparams)
+        with out_of_memory_is_one_line(config):
+            session.state = jax.block_until_ready(init(session.keys, session.hparams))
     except ValueError as error:  # sizes that do not split across the devices
         fail(error)
-    session.run_time = int(from_process_0(int(time.time())))  # process 0's clock names the run
-    session.path = os.path.join(run.log_dir, session.run_names()[0], checkpoint.LATEST)
     return session
+
+
+def claim_run_dirs(config, run: RunOptions, run_time: int, writer: bool) -> list[str]:
+    """Create the runs' directories, `{log_dir}/{env_id}__{exp_name}__{seed}__{unix_time}`,
+    and return their names. A run never shares a directory: when one exists (another run
+    started in the same second, even from another process), the names get the next free
+    suffix, `...__{unix_time}-2`, `-3`, ... Only process 0 creates them; every process
+    returns the same names. A directory that cannot be made exits with one line."""
+    def names(n):
+        suffix = "" if n == 1 else f"-{n}"
+        return [logger.run_name(config.env_id, run.exp_name, run.seed + i, run_time) + suffix
+                for i in range(run.num_seeds)]
+
+    n = 1
+    if writer:
+        where = os.path.join(run.log_dir, names(1)[0])
+        if os.path.exists(run.log_dir) and not os.path.isdir(run.log_dir):
+            fail(f"--log-dir {run.log_dir!r} is a file, not a directory; choose another.")
+        try:
+            os.makedirs(run.log_dir, exist_ok=True)
+            for n in range(1, 10_000):
+                paths = [os.path.join(run.log_dir, name) for name in names(n)]
+                try:
+                    os.mkdir(paths[0])  # atomic: the first run's directory is the claim
+                except FileExistsError:
+                    continue
+                where = paths[0]
+                made = [paths[0]]
+                try:
+                    for path in paths[1:]:
+                        os.mkdir(path)
+                        made.append(path)
+                    break
+                except FileExistsError:  # a run with overlapping seeds: give all back
+                    for path in reversed(made):
+                        os.rmdir(path)
+            else:
+                fail(f"no free run directory like {where!r} after 10,000 tries.")
+        except OSError as error:
+            hint = " (shorten --exp-name)" if error.errno == errno.ENAMETOOLONG else ""
+            fail(f"cannot create the run directory {where!r}: {error.strerror or error}{hint}; "
+                 "choose a writable --log-dir.")
+    return names(int(from_process_0(n)))
+
+
+def check_fits_in_memory(config, template, layout: Layout):
+    """Refuse, with one line, a training state larger than the memory there is (the chunk
+    program holds it twice: its input and its output)."""
+    state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(template))
+    per_device = 2 * state_bytes / max(1, layout.num_devices if layout.seeds != P() else 1)
+    local = [d for d in layout.mesh.devices.flat if d.process_index == jax.process_index()]
+    available = available_memory(local[0], len(local))
+    if available is not None and per_device > available:
+        runs = jax.tree.leaves(template)[0].shape[0]
+        fail(f"does not fit in memory: the training state of {runs} run(s) is "
+             f"{state_bytes / 2**30:.1f} GiB, which the program holds twice ({per_device / 2**30:.1f} "
+             f"GiB per device), and {available / 2**30:.1f} GiB is available; reduce "
+             f"{shrinkable(config)}.")
+
+
+def available_memory(device, num_devices: int) -> float | None:
+    """Bytes one device can still allocate: an accelerator's own limit, or on CPU this
+    machine's available memory shared by the CPU devices (None when unknown)."""
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and "bytes_limit" in stats:
+        return float(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return float(info["MemAvailable"].split()[0]) * 1024 / max(1, num_devices)
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def shrinkable(config) -> str:
+    """The flags that set the size of a run's state and batch, for `config`'s algorithm."""
+    names = [n for n in ("num_envs", "num_steps", "hidden_size", "actor_lag")
+             if hasattr(config, n)]
+    return "--num-seeds, " + ", ".join("--" + n.replace("_", "-") for n in names)
+
+
+@contextlib.contextmanager
+def out_of_memory_is_one_line(config):
+    """Turn XLA's out-of-memory error (while allocating the state or running a chunk) into
+    one line and exit status 1."""
+    try:
+        yield
+    except jax.errors.JaxRuntimeError as error:
+        text = str(error)
+        if "RESOURCE_EXHAUSTED" not in text and "out of memory" not in text.lower():
+            raise
+        first = text.strip().splitlines()[0][:200]
+        fail(f"does not fit in memory ({first}); reduce {shrinkable(config)}.", code=1)
+
+
+def agree_across_processes(config, run: RunOptions):
+    """With several processes: stop every one of them, with one line, unless all were given
+    the same config and run options (all but `--process-id`)."""
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+
+    mine = {**dataclasses.asdict(config),
+            **{k: v for k, v in dataclasses.asdict(run).items() if k != "process_id"}}
+    crc = np.int32(zlib.crc32(repr(sorted(mine.items())).encode()) & 0x7FFFFFFF)
+    crcs = np.asarray(multihost_utils.process_allgather(crc)).ravel()
+    differ = [i for i, c in enumerate(crcs) if c != crcs[0]]
+    if differ:
+        fail(f"process(es) {', '.join(map(str, differ))} of this {jax.process_count()}-process "
+             "run were started with other flags than process 0; start every process with the "
+             "same flags (only --process-id differs).")
 
 
 def resume(path: str, algo: str, config, run: RunOptions, template):
@@ -263,6 +471,14 @@ def train_in_chunks(s: Session, run_chunk, run_eval, chunk: int):
     guarantees are those of a serial loop: only a chunk that passed the NaN guard is saved,
     a checkpoint is always the state at the end of a chunk, and every write has finished
     before the loop returns or the process exits.
+
+    A signal is acted on at once, not at the end of a chunk: while the devices compute, the
+    host waits in short sleeps (`wait_for`), so when Ctrl-C arrives it saves the last state
+    that passed the NaN guard and leaves without waiting for the queued chunks (one
+    process; with several, every process stops together at the end of the chunk, which
+    process 0 decides). A second signal stops at once, leaving the last checkpoint on disk.
+    A checkpoint that cannot be written (a full disk) stops the run with one line; the
+    checkpoint before it is intact.
     """
     config, run, num_updates = s.config, s.run, s.config.num_updates
     progress = logger.Progress(f"{s.algo} {config.env_id}", num_updates * config.batch_size,
@@ -270,41 +486,125 @@ def train_in_chunks(s: Session, run_chunk, run_eval, chunk: int):
     boards = open_boards(s)
     start = time.perf_counter()
     progress.report(s.first * config.batch_size, [])
+    alone = jax.process_count() == 1
 
     def dispatch(state, begin):
         updates = s.layout.put(np.arange(begin, begin + chunk, dtype=np.int32), P())
         return run_chunk(state, s.hparams, updates)
 
     try:
-        with Interrupt() as interrupt, peers_alive(), logger.BackgroundWriter() as s.files:
+        with Interrupt(partial(stop_at_once, s)) as interrupt, peers_alive(), \
+                logger.BackgroundWriter() as s.files:
             pending = dispatch(s.state, s.first)
             for begin in range(s.first, num_updates, chunk):
                 end = begin + chunk
-                s.state, metrics = pending
+                state, metrics = pending
                 if end < num_updates:  # the devices start on the next chunk, the host works
-                    pending = dispatch(s.state, end)
+                    pending = dispatch(state, end)
+                with out_of_memory_is_one_line(config):
+                    if not wait_for((state, metrics), interrupt, interruptible=alone):
+                        stop(s, begin, interrupt.signal)  # s.state: the checked state at begin
+                s.state = state
                 log_chunk(s, fetch(metrics), begin, end, run_eval, progress, boards)
-                stop = from_process_0(interrupt.signal or 0)  # all processes stop together
-                if end == num_updates or stop or (
+                signum = from_process_0(interrupt.signal or 0)  # all processes stop together
+                if end == num_updates or signum or (
                         run.checkpoint_every and end % run.checkpoint_every == 0):
                     save(s, end)
-                if stop and end < num_updates:
-                    s.files.flush()
-                    if s.writer:
-                        print(f"interrupted at update {end} of {num_updates}; checkpoint: "
-                              f"{s.path}\ncontinue with: python algos/{s.algo}.py --resume "
-                              f"{s.path}", flush=True)
-                    raise SystemExit(128 + int(stop))
+                if signum and end < num_updates:
+                    stop(s, end, signum)
+    except OSError as error:  # a checkpoint (or TensorBoard file) that could not be written
+        name = error.filename or "a file"
+        if os.path.basename(str(name)).startswith(".tmp-"):  # a checkpoint's temporary file
+            name = s.path
+        fail(f"could not write {name} ({error.strerror or error}); "
+             f"training stopped. Last complete checkpoint: {last_checkpoint(s)}.", code=1)
+    except Leave as leave:
+        code = leave.code
+    else:
+        code = None
     finally:  # a NaN stop and a signal too: tensorboardX writes out its own queue on close
         for board in boards:
             board.close()
+    if code is not None:
+        leave_now(code)
     s.train_time = time.perf_counter() - start
+
+
+EXIT_AT_ONCE = False
+"""Set by `main` for a command-line process: a stopped run leaves with `os._exit` once its
+files are written, instead of letting Python wait for the chunks still queued on the devices
+(an in-process caller gets `SystemExit` and waits)."""
+
+
+class Leave(Exception):
+    """The training loop stops early with exit status `code` (its files are written)."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+def leave_now(code: int):
+    """Exit with `code`: at once from the command line (`EXIT_AT_ONCE`), else `SystemExit`."""
+    if EXIT_AT_ONCE:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    raise SystemExit(code)
+
+
+def wait_for(tree, interrupt, interruptible: bool) -> bool:
+    """Wait until every array of `tree` is computed, in short sleeps so that a signal's
+    handler runs meanwhile; False, at once, when a signal arrived and `interruptible`."""
+    leaves = jax.tree.leaves(tree)
+    delay = 1e-4
+    while not all(x.is_ready() for x in leaves):
+        if interruptible and interrupt.signal:
+            return False
+        time.sleep(delay)
+        delay = min(2 * delay, 0.005)
+    return True
+
+
+def stop(s: Session, update: int, signum: int):
+    """After a signal: the state after `update` is saved (unless it already was), every file
+    written, and the loop left with exit status 128 + signal."""
+    if s.saved_update != update:
+        save(s, update)
+    s.files.flush()
+    if s.writer:
+        where = "" if jax.process_count() == 1 else \
+            " (on one process; on several, add each one's process flags)"
+        print(f"interrupted at update {update} of {s.config.num_updates}; checkpoint: "
+              f"{s.path}\ncontinue with: python algos/{s.algo}.py --resume {s.path}{where}",
+              flush=True)
+    raise Leave(128 + int(signum))
+
+
+def stop_at_once(s: Session, signum: int):
+    """A second signal: leave now. The checkpoint being written, if any, is abandoned (its
+    temporary file removed); the last one written stays as it was."""
+    for tmp in list(checkpoint.writing):
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+    print(f"{signal.Signals(signum).name} again: stopped at once. Last complete checkpoint: "
+          f"{last_checkpoint(s)}.", file=sys.stderr, flush=True)
+    leave_now(128 + int(signum))
+
+
+def last_checkpoint(s: Session) -> str:
+    """`path (update N)` of the last checkpoint on disk, for messages."""
+    if s.written_update is None:
+        return "none was written"
+    return f"{s.path} (update {s.written_update})"
 
 
 def log_chunk(s: Session, metrics: dict, begin: int, end: int, run_eval, progress, boards):
     """On the host, for the chunk of updates [begin, end): the NaN guard, the evaluation if
     one is due, the progress line, and the TensorBoard writes (queued)."""
     run = s.run
+    steps = (np.arange(begin, end, dtype=np.int64) + 1) * s.config.batch_size
+    metrics["global_step"] = np.broadcast_to(steps, (run.num_seeds, end - begin)).copy()
     stop_if_not_finite(s, metrics, begin)
     if run_eval is not None and (end % run.eval_every == 0 or end == s.config.num_updates):
         metrics["eval_return"] = np.full((run.num_seeds, end - begin), np.nan, np.float32)
@@ -346,8 +646,7 @@ def stop_if_not_finite(s: Session, metrics: dict, begin: int):
     if bad is not None:
         s.files.flush()  # the last good checkpoint is on disk before it is named
         quantity, update, seed = bad
-        last = f"{s.path} (update {s.saved_update})" if s.saved_update is not None else \
-            "none was written"
+        last = last_checkpoint(s)
         fail(f"non-finite {quantity} in update {update + 1} (global step "
              f"{(update + 1) * s.config.batch_size:,}, seed {s.run.seed + seed}); training "
              f"stopped. Last good checkpoint: {last}.", code=1)
@@ -357,10 +656,18 @@ def save(s: Session, update: int):
     """Checkpoint the runs after `update` (every process gathers, process 0 writes)."""
     host_state = fetch(s.state)
     if s.writer:  # serialised and written on the background thread, in order
-        s.files.put(checkpoint.save, s.path, algo=s.algo, config=dataclasses.asdict(s.config),
-                    run=dataclasses.asdict(s.run), update=update, run_time=s.run_time,
+        s.files.put(write_checkpoint, s, algo=s.algo,
+                    config=dataclasses.asdict(s.config), run=dataclasses.asdict(s.run),
+                    run_names=s.names, update=update, run_time=s.run_time,
                     train_state=host_state, metrics=_concat(s.rows))
     s.saved_update = update
+
+
+def write_checkpoint(s: Session, **record):
+    """On the writer thread: write the checkpoint, the file it replaces kept as the previous
+    one when this run wrote or verified it."""
+    checkpoint.save(s.path, keep_previous=s.latest_is_ours, **record)
+    s.latest_is_ours, s.written_update = True, record["update"]
 
 
 def summarise(s: Session) -> dict:
@@ -403,7 +710,9 @@ def chunk_size(num_updates: int, *boundaries: int, target_chunks: int = 20) -> i
         if b > 0:
             common = math.gcd(common, b)
     limit = min(common, max(1, num_updates // target_chunks))
-    return max(d for d in range(1, limit + 1) if common % d == 0)
+    divisors = (d for i in range(1, math.isqrt(common) + 1) if common % i == 0
+                for d in (i, common // i))  # O(sqrt(common)) steps: never a long search
+    return max(d for d in divisors if d <= limit)
 
 
 def first_non_finite(metrics: dict, params, first_update: int):
@@ -430,14 +739,14 @@ def first_non_finite(metrics: dict, params, first_update: int):
 
 
 class Interrupt:
-    """Catches Ctrl-C (SIGINT) and SIGTERM while training: `signal` is set, the loop finishes
-    its chunk, writes a checkpoint and exits. A second signal acts at once (the previous
-    handlers are back), which the atomic checkpoint writes make safe."""
+    """Catches Ctrl-C (SIGINT) and SIGTERM while training: `signal` is set and the loop saves
+    and exits (`train_in_chunks`). A second signal calls `second(signum)`; leaving the block
+    puts the previous handlers back."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self):
-        self.signal, self.previous = None, {}
+    def __init__(self, second):
+        self.signal, self.previous, self.second = None, {}, second
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():  # signal() works only there
@@ -447,10 +756,12 @@ class Interrupt:
         return self
 
     def _handle(self, signum, frame):
+        if self.signal is not None:
+            self.second(signum)
+            return
         self.signal = signum
-        self.__exit__()
-        print(f"\n{signal.Signals(signum).name}: stopping after this chunk to write a "
-              "checkpoint (send it again to stop at once)", file=sys.stderr, flush=True)
+        print(f"\n{signal.Signals(signum).name}: saving the last complete update and stopping "
+              "(send it again to stop at once)", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc):
         for s, handler in self.previous.items():

@@ -11,6 +11,7 @@ same driver on its own devices; only process 0 writes logs and checkpoints.
 import contextlib
 import os
 import sys
+import threading
 import zlib
 
 import jax
@@ -41,32 +42,58 @@ def setup_devices(config):
     Where the backend has already started (in-process callers, tests) it does nothing: the
     devices that exist are used.
     """
+    address = config.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    processes = config.num_processes if config.num_processes > 1 else \
+        int(os.environ.get("JAX_NUM_PROCESSES", "1"))
+    process_id = config.process_id if config.num_processes > 1 else \
+        int(os.environ.get("JAX_PROCESS_ID", "0"))
+    if processes > 1 and not address:
+        fail("--num-processes > 1 needs --coordinator-address HOST:PORT (process 0's).")
+    if processes > 1 and not 0 <= process_id < processes:
+        fail(f"--process-id must be in [0, {processes}), got {process_id}.")
     try:
         from jax._src import xla_bridge
         started = xla_bridge.backends_are_initialized()
     except (ImportError, AttributeError):  # private API: assume the worst
         started = True
     if started:
+        if processes != jax.process_count():
+            fail(f"this process is already part of a {jax.process_count()}-process JAX "
+                 f"runtime; it cannot join a {processes}-process run.")
         return
-    address = config.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
-    processes = config.num_processes if config.num_processes > 1 else \
-        int(os.environ.get("JAX_NUM_PROCESSES", "1"))
-    process_id = config.process_id if config.num_processes > 1 else \
-        int(os.environ.get("JAX_PROCESS_ID", "0"))
     if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
             (os.cpu_count() or 1)
         local = cores if config.num_devices == 0 else max(1, config.num_devices // processes)
         jax.config.update("jax_num_cpu_devices", local)
     if processes > 1:
-        if not address:
-            fail("--num-processes > 1 needs --coordinator-address HOST:PORT (process 0's).")
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        timeout = config.distributed_timeout
-        jax.distributed.initialize(address, processes, process_id,
-                                   initialization_timeout=timeout,
-                                   heartbeat_timeout_seconds=timeout,
-                                   shutdown_timeout_seconds=timeout)
+        join(address, processes, process_id, config.distributed_timeout)
+
+
+def join(address: str, processes: int, process_id: int, timeout: int):
+    """`jax.distributed.initialize`, or one line and exit status 1 when not every process
+    has connected within `timeout` seconds (a process that never came, two with the same
+    `--process-id`, processes told different `--num-processes`).
+
+    JAX's own failure there is a C++ abort a few seconds after the timeout, which no Python
+    code can catch; a watchdog thread speaks first and leaves with `os._exit`."""
+    connected = threading.Event()
+
+    def watchdog():
+        if not connected.wait(timeout):
+            print(f"error: process {process_id} of {processes}: not every process connected "
+                  f"to the coordinator {address} within {timeout} s (--distributed-timeout); "
+                  f"start all {processes} processes with the same --num-processes and "
+                  f"--coordinator-address, each with its own --process-id from 0 to "
+                  f"{processes - 1}.", file=sys.stderr, flush=True)
+            os._exit(1)
+
+    threading.Thread(target=watchdog, name="join-watchdog", daemon=True).start()
+    jax.distributed.initialize(address, processes, process_id, initialization_timeout=timeout,
+                               heartbeat_timeout_seconds=timeout,
+                               shutdown_timeout_seconds=timeout)
+    connected.set()
 
 
 class Layout:
@@ -168,7 +195,8 @@ def peers_alive():
 
 def same_everywhere(params, replicated: bool):
     """Several processes: check that every process ends with the same parameters (a CRC of
-    them compared with process 0's; data-parallel: also every local device's copy), else fail.
+    them, gathered from every process; data-parallel: also every local device's copy), else
+    fail on every process.
     """
     if replicated:  # every device holds a copy: all of this process's must agree
         copies = [[np.asarray(s.data) for s in leaf.addressable_shards]
@@ -178,10 +206,14 @@ def same_everywhere(params, replicated: bool):
         host = [cs[0] for cs in copies]
     else:
         host = jax.tree.leaves(fetch(params))
+    from jax.experimental import multihost_utils
+
     crc = zlib.crc32(b"".join(np.ascontiguousarray(x).tobytes() for x in host)) & 0x7FFFFFFF
-    if from_process_0(crc) != crc:
-        fail(f"process {jax.process_index()} ended with parameters that differ from process "
-             "0's.", code=1)
+    crcs = np.asarray(multihost_utils.process_allgather(np.int32(crc))).ravel()
+    differ = [i for i, c in enumerate(crcs) if c != crcs[0]]
+    if differ:  # every process sees the same list, so every one stops
+        fail(f"process(es) {', '.join(map(str, differ))} ended with parameters that differ from "
+             "process 0's.", code=1)
 
 
 def from_process_0(value: int) -> int:

@@ -43,8 +43,17 @@ def enable_compilation_cache():
 
 
 def seed_keys(seed: int, num_seeds: int):
-    """One PRNG key per run: run i uses `PRNGKey(seed + i)`, so it can be replayed alone."""
-    return jax.vmap(jax.random.PRNGKey)(seed + jnp.arange(num_seeds))
+    """One PRNG key per run, uint32 [num_seeds, 2]: run i uses seed `seed + i`, so it can be
+    replayed alone.
+
+    Seeds are 64-bit: seed s is the key `[s >> 32, s & 0xFFFFFFFF]`, which is what
+    `jax.random.PRNGKey(s)` gives for every s below 2**32 (and, with 64-bit JAX, for every s),
+    built in NumPy so that no seed overflows a 32-bit integer on the way.
+    """
+    seeds = [seed + i for i in range(num_seeds)]
+    if seeds and not 0 <= min(seeds) <= max(seeds) < 2**64:
+        raise ValueError(f"seeds must be in [0, 2**64), got {seeds[0]}..{seeds[-1]}.")
+    return np.array([[s >> 32, s & 0xFFFFFFFF] for s in seeds], dtype=np.uint32)
 
 
 def run_name(env_id: str, exp_name: str, seed: int, unix_time: int) -> str:

@@ -9,7 +9,10 @@ shows both as one flat list of CleanRL-style flags (`--seed`, `--exp-name`, `--n
 import dataclasses
 from typing import Literal
 
-from common.validate import one_of, require
+from common.validate import check_fields, one_of, require
+
+MAX_SEED = 2**64 - 1
+"""Seeds are 64-bit: seed s is the key `[s >> 32, s & 0xFFFFFFFF]` (`logger.seed_keys`)."""
 
 RESUME_MUST_MATCH = ("seed", "num_seeds")
 """Run options a resumed run must keep (they choose the runs); it may change the others."""
@@ -58,7 +61,11 @@ class RunOptions:
     process is declared dead so the others stop with an error."""
 
     def __post_init__(self):
+        check_fields(self)
         require(self, "nonnegative_int", "seed")
+        if self.seed + self.num_seeds - 1 > MAX_SEED:
+            raise ValueError(f"--seed {self.seed} with --num-seeds {self.num_seeds} goes past "
+                             f"the largest seed, 2**64 - 1; pick a smaller --seed.")
         require(self, "positive_int", "num_seeds", "eval_episodes", "num_processes",
                 "distributed_timeout")
         require(self, "count", "checkpoint_every", "eval_every")

@@ -1,0 +1,257 @@
+"""The edges around training, through PPO's command line: run directories that are never
+shared, checkpoints that refuse corruption and keep their predecessor, a full disk, signals
+acted on at once, start-up interrupted, memory errors as one line, and host-side loops that
+stay short whatever the sizes. (Bad command lines: `tests/test_bad_input.py`; several
+processes: `tests/test_processes.py`.)"""
+
+import errno
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from algos.ppo import main
+from common.host import checkpoint, cli
+from helpers import save_initial
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "32",
+        "--num-minibatches", "2", "--update-epochs", "1", "--num-devices", "1"]  # 16 updates
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cache(tmp_path_factory):
+    """One persistent compilation cache for this module's runs, in- and out-of-process."""
+    path = str(tmp_path_factory.mktemp("xla_cache"))
+    previous = os.environ.get("ONPOLICY_JAX_CACHE")
+    os.environ["ONPOLICY_JAX_CACHE"] = path
+    yield path
+    if previous is None:
+        os.environ.pop("ONPOLICY_JAX_CACHE")
+    else:
+        os.environ["ONPOLICY_JAX_CACHE"] = previous
+
+
+def one_error_line(err: str) -> str:
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# ------------------------------------------------------------------ run directories
+def test_runs_started_in_the_same_second_never_share_a_directory(tmp_path, monkeypatch):
+    monkeypatch.setattr(time, "time", lambda: 1_700_000_000.5)  # every run in one second
+    for lr in ("0.001", "0.002", "0.003"):
+        main(TINY + ["--log-dir", str(tmp_path), "--learning-rate", lr])
+    main(TINY + ["--log-dir", str(tmp_path), "--seed", "2", "--num-seeds", "2"])  # seeds 2, 3
+    names = sorted(os.listdir(tmp_path))
+    assert names == ["CartPole-v1__ppo__1__1700000000", "CartPole-v1__ppo__1__1700000000-2",
+                     "CartPole-v1__ppo__1__1700000000-3", "CartPole-v1__ppo__2__1700000000",
+                     "CartPole-v1__ppo__3__1700000000"], names
+    learning_rates = []
+    for name in names[:3]:
+        record = checkpoint.load(os.path.join(tmp_path, name, checkpoint.LATEST))
+        assert record["run_names"] == [name]
+        learning_rates.append(record["config"]["learning_rate"])
+    assert learning_rates == [0.001, 0.002, 0.003]  # each run kept its own checkpoint
+    # The next run of seed 2 collides with the directory of seed 2 above: it moves on too.
+    main(TINY + ["--log-dir", str(tmp_path), "--seed", "2"])
+    assert "CartPole-v1__ppo__2__1700000000-2" in os.listdir(tmp_path)
+
+
+def test_two_processes_started_together_get_two_directories(tmp_path):
+    command = [sys.executable, "algos/ppo.py", *TINY, "--log-dir", str(tmp_path)]
+    runs = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for r in runs:
+        out, err = r.communicate(timeout=300)
+        assert r.returncode == 0, err[-2000:]
+    checkpoints = glob.glob(str(tmp_path / "*" / checkpoint.LATEST))
+    assert len(checkpoints) == 2, os.listdir(tmp_path)
+    for path in checkpoints:
+        assert checkpoint.load(path)["update"] == 16
+
+
+# ------------------------------------------------------------------ checkpoints
+def test_every_corrupted_byte_is_refused_and_names_the_previous_checkpoint(tmp_path):
+    path = str(tmp_path / checkpoint.LATEST)
+    save_initial(path, "ppo")
+    good = open(path, "rb").read()
+    previous = checkpoint.previous_path(path)
+    refused = 0
+    positions = sorted({*range(0, len(good), 37), *range(len(good) - 64, len(good))})
+    for i in positions:
+        for bit in (0x01, 0x80):
+            bad = bytearray(good)
+            bad[i] ^= bit
+            with open(path, "wb") as f:
+                f.write(bad)
+            with pytest.raises(checkpoint.CheckpointError) as error:
+                checkpoint.load(path)
+            assert repr(path) in str(error.value)
+            refused += 1
+    assert refused == 2 * len(positions) > 3000
+    # With the previous checkpoint beside it, a corrupt latest names it as the way on.
+    with open(previous, "wb") as f:
+        f.write(good)
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=f"The previous checkpoint '{previous}' \\(update 0\\) is intact: "
+                             "--resume it."):
+        checkpoint.load(path)
+
+
+def test_two_checkpoints_are_kept_and_the_previous_one_resumes_into_the_latest(tmp_path):
+    args = TINY + ["--log-dir", str(tmp_path), "--checkpoint-every", "4"]
+    reference = main(args)
+    (path,) = glob.glob(str(tmp_path / "*" / checkpoint.LATEST))
+    previous = checkpoint.previous_path(path)
+    assert sorted(os.listdir(os.path.dirname(path)))[-2:] == [checkpoint.LATEST,
+                                                             "latest.previous.msgpack"]
+    assert checkpoint.load(path)["update"] == 16 and checkpoint.load(previous)["update"] == 12
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 3] ^= 0x04
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--resume", path])
+    assert exit_info.value.code == 2
+    # Resuming the previous checkpoint trains the last chunk again and rewrites the latest,
+    # keeping the good previous file (not the corrupt one) as the one before it.
+    metrics = main(["--resume", previous])
+    for k in reference:
+        np.testing.assert_array_equal(metrics[k], reference[k], err_msg=k)
+    assert checkpoint.load(path)["update"] == 16 and checkpoint.load(previous)["update"] == 12
+
+
+def test_a_full_disk_stops_the_run_with_one_line_and_keeps_the_last_checkpoint(
+        tmp_path, monkeypatch, capsys):
+    writes = []
+    write = checkpoint._write
+
+    def fill_up(tmp, data):
+        writes.append(tmp)
+        if len(writes) == 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), tmp)
+        write(tmp, data)
+
+    monkeypatch.setattr(checkpoint, "_write", fill_up)
+    with pytest.raises(SystemExit) as exit_info:
+        main(TINY + ["--log-dir", str(tmp_path), "--checkpoint-every", "4"])
+    assert exit_info.value.code == 1
+    line = one_error_line(capsys.readouterr().err)
+    (path,) = glob.glob(str(tmp_path / "*" / checkpoint.LATEST))
+    assert "No space left on device" in line
+    assert f"Last complete checkpoint: {path} (update 8)." in line, line
+    assert checkpoint.load(path)["update"] == 8
+    assert not glob.glob(str(tmp_path / "*" / ".tmp-*"))  # no temporary file left behind
+    monkeypatch.undo()
+    metrics = main(["--resume", path])  # and the run goes on from there
+    assert metrics["episodic_return"].shape == (1, 16)
+
+
+def test_paths_that_cannot_hold_a_checkpoint_are_refused(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    for path, message in [(str(tmp_path), "it is a directory"),
+                          (str(tmp_path / "a_file" / "latest.msgpack"), "File exists")]:
+        with pytest.raises(checkpoint.CheckpointError, match=message):
+            checkpoint.check_writable(path)
+    checkpoint.check_writable(str(tmp_path / "new" / "latest.msgpack"))
+    assert os.listdir(tmp_path / "new") == []  # the test file is gone
+
+
+# ------------------------------------------------------------------ signals and start-up
+LONG = ["--total-timesteps", "41943040", "--num-devices", "1"]  # 81,920 updates, chunks of 4,096
+
+
+def started(run) -> list:
+    """Wait for the first progress line of `run` (training has begun)."""
+    seen = []
+    deadline = time.monotonic() + 200
+    while time.monotonic() < deadline:
+        line = run.stdout.readline()
+        assert line, "the run ended before training:\n" + "".join(seen) + run.stderr.read()
+        seen.append(line)
+        if "step" in line:
+            return seen
+    raise AssertionError("no progress line")
+
+
+@pytest.mark.parametrize("signals", [1, 2])
+def test_ctrl_c_saves_at_once_not_at_the_end_of_a_chunk(signals, tmp_path):
+    run = subprocess.Popen([sys.executable, "algos/ppo.py", *LONG, "--log-dir", str(tmp_path)],
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started(run)
+    time.sleep(1.0)  # well inside the first chunk (about 20 s of training here)
+    sent = time.monotonic()
+    for _ in range(signals):
+        run.send_signal(signal.SIGINT)
+    out, err = run.communicate(timeout=60)
+    waited = time.monotonic() - sent
+    assert run.returncode == 130, err
+    assert waited < 5, f"took {waited:.1f} s to stop"
+    assert "Traceback" not in err, err
+    paths = glob.glob(str(tmp_path / "*" / checkpoint.LATEST))
+    if signals == 1:
+        assert "interrupted at update 0 of 81920" in out, out
+        assert checkpoint.load(paths[0])["update"] == 0
+    else:  # the second one may stop the first one's write: a checkpoint is whole or absent
+        assert all(checkpoint.load(p)["update"] == 0 for p in paths)
+        assert not glob.glob(str(tmp_path / "*" / ".tmp-*"))
+
+
+def test_ctrl_c_while_starting_exits_quietly(tmp_path, monkeypatch, capsys):
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "compile_programs", interrupted)
+    with pytest.raises(SystemExit) as exit_info:
+        main(TINY + ["--log-dir", str(tmp_path)])
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err.strip() == \
+        "interrupted while starting; nothing was trained or written"
+
+
+# ------------------------------------------------------------------ memory and host loops
+def test_running_out_of_memory_is_one_line(capsys):
+    from jax.errors import JaxRuntimeError
+
+    with pytest.raises(SystemExit) as exit_info:
+        with cli.out_of_memory_is_one_line(type("C", (), {"num_envs": 1, "num_steps": 1})()):
+            raise JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+                                  "86431842304 bytes.\nmore lines")
+    assert exit_info.value.code == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: does not fit in memory (RESOURCE_EXHAUSTED: Out of memory")
+    assert line.endswith("reduce --num-seeds, --num-envs, --num-steps.")
+    with pytest.raises(JaxRuntimeError):  # any other runtime error is not disguised
+        with cli.out_of_memory_is_one_line(None):
+            raise JaxRuntimeError("INTERNAL: something else")
+
+
+def test_the_chunk_size_search_is_short_for_any_run_length():
+    start = time.perf_counter()
+    assert cli.chunk_size(2**31 - 1) == 1  # a prime: only whole single updates
+    assert cli.chunk_size(2**30, 2**20) == 2**20
+    assert cli.chunk_size(2**31 - 2, 6) == 6  # 2**31 - 2 = 2 * 3**2 * 7 * 11 * 31 * 151 * 331
+    assert cli.chunk_size(1_953_125_000, 0, 0) == 97_656_250
+    assert time.perf_counter() - start < 1.0
+
+
+def test_global_step_is_a_64_bit_count_on_the_host(tmp_path):
+    metrics = main(TINY + ["--log-dir", str(tmp_path)])
+    assert metrics["global_step"].dtype == np.int64
+    np.testing.assert_array_equal(metrics["global_step"][0], 128 * np.arange(1, 17))
+    session = cli.Session("ppo", type("C", (), {"batch_size": 2**20, "num_updates": 2**14})(),
+                          type("R", (), {"num_seeds": 1, "eval_every": 0})(), None, None, None,
+                          None, None)
+    rows = {"global_step": np.zeros((1, 2), np.int32), "episodic_return": np.zeros((1, 2))}
+    session.files = type("W", (), {"put": lambda *a, **k: None})()
+    session.state = type("S", (), {"params": {"w": np.zeros((1, 2))}})()
+    progress = type("P", (), {"report": lambda *a, **k: None, "timeline": []})()
+    cli.log_chunk(session, rows, 2**14 - 2, 2**14, None, progress, [])
+    assert rows["global_step"].tolist() == [[(2**14 - 1) * 2**20, 2**34]]  # past 2**31
