@@ -104,7 +104,7 @@ class Config:
     `mlp` flattens images into the MLPs (PureJaxRL's MinAtar baseline, much cheaper on a CPU)."""
 
     def __post_init__(self):  # plain Python: building a Config starts no JAX backend
-        check_fields(self)  # the declared types first: ints are ints, floats finite in float32
+        check_fields(self, wide=("total_timesteps",))  # types first: ints, finite float32s
         require(self, "positive_int", "total_timesteps", "num_envs", "num_steps",
                 "num_minibatches", "update_epochs", "hidden_size")
         require(self, "positive", "learning_rate", "opt_eps", "max_grad_norm", "clip_coef")

@@ -41,20 +41,28 @@ def _real(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
-def check_fields(config):
+def check_fields(config, wide=()):
     """Raise `ValueError` for the first field of dataclass `config` whose value does not have
     its declared type: `int` fields hold integers (not `1e5`, not `True`), `float` fields
     finite numbers that survive the conversion to float32 (neither overflow to inf nor round
     to 0), `bool` fields booleans, `str` fields strings, `Literal` fields one of their values,
     and `X | None` fields None or an `X`.
 
+    Integers must also fit the program's 32-bit integers (below 2**31 in magnitude), except
+    the fields named in `wide` (counted on the host in Python's integers, e.g. the seed).
+
     Run first in `__post_init__`, so that the range checks after it can trust the types; from
     Python this is what stops `Config(total_timesteps=1e5)` (a float step counter).
     """
     for field in dataclasses.fields(config):
-        problem = _type_problem(getattr(config, field.name), field.type)
+        value = getattr(config, field.name)
+        problem = _type_problem(value, field.type)
         if problem:
             raise ValueError(f"{flag(field.name)} {problem}.")
+        if field.name not in wide and isinstance(value, (int, np.integer)) and \
+                not isinstance(value, bool) and abs(int(value)) >= 2**31:
+            raise ValueError(f"{flag(field.name)} must be below 2**31 = 2,147,483,648, got "
+                             f"{value}.")
 
 
 def _type_problem(value, annotation) -> str | None:

@@ -102,6 +102,8 @@ CATALOGUE = [
     ("ppo", ["--total-timesteps", "1000000000000000"], "more than the 2**31 - 1 a run can"),
     ("a2c", ["--total-timesteps", "100000000000000"], "more than the 2**31 - 1 a run can"),
     ("impala", ["--total-timesteps", "100000000000000"], "more than the 2**31 - 1 a run can"),
+    ("ppo", ["--hidden-size", "9" * 25], "--hidden-size must be below 2**31"),
+    ("impala", ["--eval-episodes", "3000000000"], "--eval-episodes must be below 2**31"),
     # --- sizes that cannot fit ---
     ("ppo", ["--hidden-size", "60000"], "does not fit in memory"),
     ("a2c", ["--hidden-size", "60000"], "reduce --num-seeds, --num-envs, --num-steps, "

@@ -61,7 +61,7 @@ class RunOptions:
     process is declared dead so the others stop with an error."""
 
     def __post_init__(self):
-        check_fields(self)
+        check_fields(self, wide=("seed",))
         require(self, "nonnegative_int", "seed")
         if self.seed + self.num_seeds - 1 > MAX_SEED:
             raise ValueError(f"--seed {self.seed} with --num-seeds {self.num_seeds} goes past "
