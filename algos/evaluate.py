@@ -87,8 +87,8 @@ def main(argv=None):
             raise ValueError(f"--seed must be in [0, 2**32), got {args.seed}.")
         record = checkpoint.load(checkpoint.resolve(args.checkpoint))
         if args.capture_video:
-            check_renderer(record["config"].get("env_id"))
             check_video_path(args.capture_video)
+            check_renderer(record["config"].get("env_id"))
         config, seeds, train, state = restore_run(record, args.checkpoint)
     except ValueError as error:  # CheckpointError included
         print(f"error: {error}", file=sys.stderr)

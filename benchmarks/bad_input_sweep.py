@@ -22,7 +22,6 @@ import dataclasses
 import io
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import typing
@@ -119,8 +118,9 @@ def main():
             print(f"  {r['outcome']:8s} {r['algo']:6s} {' '.join(r['argv'])[:60]:60s} "
                   f"{r['detail'][:120]}")
     if args.out:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                text=True).stdout.strip()
+        from configs import source_commit
+
+        commit = source_commit()
         with open(args.out, "w") as f:
             json.dump({"commit": commit, "counts": counts, "cases": rows}, f, indent=1)
 

@@ -149,6 +149,8 @@ CATALOGUE = [
     ("evaluate", ["{umbrella}", "--capture-video", "x.gif"],
      "gymnax has no renderer for 'UmbrellaChain-bsuite'"),
     ("evaluate", ["{ckpt}", "--seed", "-1"], "--seed must be in [0, 2**32)"),
+    ("evaluate", ["{ckpt}", "--capture-video", "{dir}"], "is a directory; give a file name"),
+    ("evaluate", ["{ckpt}", "--capture-video", "{file}/x.gif"], "cannot write the video to"),
     ("evaluate", ["{flipped}"], "is corrupt: its contents do not match their checksum"),
     ("evaluate", ["{ckpt}", "--episodes", "many"], "Error parsing --episodes"),
 ]

@@ -494,16 +494,15 @@ def train_in_chunks(s: Session, run_chunk, run_eval, chunk: int):
 
     try:
         with Interrupt(partial(stop_at_once, s)) as interrupt, peers_alive(), \
-                logger.BackgroundWriter() as s.files:
+                out_of_memory_is_one_line(config), logger.BackgroundWriter() as s.files:
             pending = dispatch(s.state, s.first)
             for begin in range(s.first, num_updates, chunk):
                 end = begin + chunk
                 state, metrics = pending
                 if end < num_updates:  # the devices start on the next chunk, the host works
                     pending = dispatch(state, end)
-                with out_of_memory_is_one_line(config):
-                    if not wait_for((state, metrics), interrupt, interruptible=alone):
-                        stop(s, begin, interrupt.signal)  # s.state: the checked state at begin
+                if not wait_for((state, metrics), interrupt, interruptible=alone):
+                    stop(s, begin, interrupt.signal)  # s.state: the checked state at begin
                 s.state = state
                 log_chunk(s, fetch(metrics), begin, end, run_eval, progress, boards)
                 signum = from_process_0(interrupt.signal or 0)  # all processes stop together
