@@ -118,7 +118,7 @@ def main():
             print(f"  {r['outcome']:8s} {r['algo']:6s} {' '.join(r['argv'])[:60]:60s} "
                   f"{r['detail'][:120]}")
     if args.out:
-        from configs import source_commit
+        from benchmarks.configs import source_commit
 
         commit = source_commit()
         with open(args.out, "w") as f:

@@ -99,7 +99,7 @@ def main():
     print(f"{equal} of {len(resumed)} resumed runs bitwise equal to the uninterrupted run "
           f"({len(rows) - len(resumed)} killed before their first checkpoint)")
     if args.out:
-        from configs import source_commit
+        from benchmarks.configs import source_commit
 
         commit = source_commit()
         with open(args.out, "w") as f:

@@ -2,7 +2,8 @@
 
     python benchmarks/learning.py --algo ppo --env-id CartPole-v1 --seeds 32
 
-Settings come from `benchmarks/configs.py` (override the budget with --total-timesteps).
+Settings are the presets of `common/presets.py` (through `benchmarks/configs.py`; override the
+budget with --total-timesteps).
 Prints the final return (mean over the last 10% of updates) per seed, their mean, std and
 min, and the steady-state SPS; saves the per-update episodic return of every seed, with the
 command, commit and library versions, to `benchmarks/results/{algo}__{env_id}.json`.

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from common import presets
 from common.evaluate import evaluate
 from common.host import checkpoint, logger
 from common.host.devices import (Layout, fail, fetch, from_process_0, peers_alive,
@@ -100,19 +101,34 @@ def parse(algo: str, config_cls, argv=None):
     command.__doc__ = config_cls.__doc__
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        saved_run, saved_config = {"exp_name": algo}, {}
+        saved_run, saved_config, tuned = {"exp_name": algo}, {}, {}
         resume = _flag_value(argv, "--resume")
         if resume is not None:
             record = checkpoint.load(checkpoint.resolve(resume))
             saved_run, saved_config = record["run"], record["config"]
+        elif "--no-presets" not in argv:  # the named environment's tuned settings
+            env_id = _flag_value(argv, "--env-id") or _default(config_cls, "env_id")
+            saved_config = tuned = {"env_id": env_id, **presets.preset(algo, env_id)}
         default = command(_build(unchecked[RunOptions], RunOptions, saved_run,
                                  skip={"resume", *NOT_INHERITED}),
                           _build(unchecked[config_cls], config_cls, saved_config))
         parsed = tyro_cli(command, argv, default=default)
-        return (config_cls(**dataclasses.asdict(parsed.config)),
-                RunOptions(**dataclasses.asdict(parsed.run)))
+        config = config_cls(**dataclasses.asdict(parsed.config))
+        run = RunOptions(**dataclasses.asdict(parsed.run))
     except ValueError as error:  # checkpoint.CheckpointError included
         fail(error)
+    applied = {k: v for k, v in tuned.items() if k != "env_id" and getattr(config, k) == v
+               and v != _default(config_cls, k)}
+    if applied and run.process_id == 0:
+        print(f"preset for {algo} on {config.env_id} (common/presets.py): "
+              f"{', '.join(f'{k}={v}' for k, v in applied.items())}; flags given win, "
+              "--no-presets for the file's defaults", flush=True)
+    return config, run
+
+
+def _default(cls, name: str):
+    """The default value of dataclass field `name`."""
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
 
 
 NOT_INHERITED = ("coordinator_address", "num_processes", "process_id")

@@ -22,6 +22,9 @@ RESUME_MUST_MATCH = ("seed", "num_seeds")
 class RunOptions:
     """Run options: seeds, logging, checkpoints, evaluation, devices and processes."""
 
+    presets: bool = True
+    """Apply the tuned settings of the named environment (`common/presets.py`) when it has
+    one; any flag given wins. `--no-presets`: the algorithm file's defaults."""
     seed: int = 1
     """Seed of the first run; run i of `num_seeds` uses seed `seed + i`."""
     num_seeds: int = 1
