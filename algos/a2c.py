@@ -80,6 +80,9 @@ class Config:
     """Steps per environment per rollout (the n of the n-step returns)."""
     normalize_obs: bool = False
     """Normalise observations with running mean and variance (`common/normalize.py`)."""
+    normalize_reward: bool = False
+    """Divide rewards by the running standard deviation of the discounted return
+    (`common/normalize.py`; CleanRL's continuous PPO, PureJaxRL's `NormalizeVecReward`)."""
 
     # --- algorithm ---
     learning_rate: float = 7e-4
@@ -203,6 +206,8 @@ class TrainState(NamedTuple):
     params: dict
     opt_state: optax.OptState
     obs_stats: normalize.RunningStats
+    reward_stats: normalize.RunningStats
+    """Running statistics of the discounted return (used with `normalize_reward`)."""
     env: EnvState
     key: jax.Array
 
@@ -305,6 +310,7 @@ def make_train(config: Config, live_progress: bool = False):
             raise ValueError(f"data-parallel A2C on {devices} devices needs --num-envs "
                              f"({config.num_envs}) to divide by {devices}.")
         return TrainState(params, make_optimizer(hp).init(params), normalize.init(spec.obs_shape),
+                          normalize.init(()),
                           reset(env, env_params, distributed.fold_in_device(key_env),
                                 config.num_envs // devices), key)
 
@@ -353,6 +359,15 @@ def make_train(config: Config, live_progress: bool = False):
         env_state, traj = rollout(env, env_params, spec, policy, state.env, key_rollout,
                                   config.num_steps)
 
+        # REWARD SCALE (optional): divide by the running std of the discounted return
+        reward_stats = state.reward_stats
+        if config.normalize_reward:
+            reward_stats, discounted, reward = normalize.normalize_rewards(
+                reward_stats, env_state.discounted_return, traj.reward,
+                traj.terminated | traj.truncated, hp.gamma)
+            env_state = env_state._replace(discounted_return=discounted)
+            traj = traj._replace(reward=reward)
+
         # UPDATE: one gradient step on the whole rollout (time-major [T, num_envs])
         params, opt_state, info = learn(state, hp, traj)
 
@@ -372,7 +387,7 @@ def make_train(config: Config, live_progress: bool = False):
         if progress is not None:
             progress.report_from_jit(update, num_updates, metrics["global_step"],
                                      metrics["episodic_return"])
-        return TrainState(params, opt_state, obs_stats, env_state, key), metrics
+        return TrainState(params, opt_state, obs_stats, reward_stats, env_state, key), metrics
 
     def act(state: TrainState, obs):
         """The deterministic policy, for evaluation: the mode of pi(.|obs)."""

@@ -75,6 +75,9 @@ class Config:
     """Steps per environment per batch: the unroll length (paper, Atari: 20)."""
     normalize_obs: bool = False
     """Normalise observations with running mean and variance (`common/normalize.py`)."""
+    normalize_reward: bool = False
+    """Divide rewards by the running standard deviation of the discounted return
+    (`common/normalize.py`; CleanRL's continuous PPO, PureJaxRL's `NormalizeVecReward`)."""
 
     # --- algorithm ---
     actor_lag: int = 1
@@ -253,6 +256,8 @@ class TrainState(NamedTuple):
     of update k act with `past_params[0]`. Empty (size 0) when `actor_lag = 0`."""
     opt_state: optax.OptState
     obs_stats: normalize.RunningStats
+    reward_stats: normalize.RunningStats
+    """Running statistics of the discounted return (used with `normalize_reward`)."""
     env: EnvState
     key: jax.Array
 
@@ -378,7 +383,7 @@ def make_train(config: Config, live_progress: bool = False):
             raise ValueError(f"data-parallel IMPALA on {devices} devices needs the environments "
                              f"per minibatch ({envs_per_minibatch}) to divide by {devices}.")
         return TrainState(params, past_params, make_optimizer(hp).init(params),
-                          normalize.init(spec.obs_shape),
+                          normalize.init(spec.obs_shape), normalize.init(()),
                           reset(env, env_params, distributed.fold_in_device(key_env),
                                 config.num_envs // devices), key)
 
@@ -440,6 +445,15 @@ def make_train(config: Config, live_progress: bool = False):
 
         env_state, traj = rollout(env, env_params, spec, policy, state.env, key_rollout,
                                   config.num_steps)
+
+        # REWARD SCALE (optional): divide by the running std of the discounted return
+        reward_stats = state.reward_stats
+        if config.normalize_reward:
+            reward_stats, discounted, reward = normalize.normalize_rewards(
+                reward_stats, env_state.discounted_return, traj.reward,
+                traj.terminated | traj.truncated, hp.gamma)
+            env_state = env_state._replace(discounted_return=discounted)
+            traj = traj._replace(reward=reward)
         data = Transition(traj.obs, traj.action, traj.reward, traj.terminated, traj.truncated,
                           traj.next_obs, traj.policy_info)
 
@@ -468,7 +482,8 @@ def make_train(config: Config, live_progress: bool = False):
         if progress is not None:
             progress.report_from_jit(update, num_updates, metrics["global_step"],
                                      metrics["episodic_return"])
-        return TrainState(params, past_params, opt_state, obs_stats, env_state, key), metrics
+        return TrainState(params, past_params, opt_state, obs_stats, reward_stats, env_state,
+                          key), metrics
 
     def act(state: TrainState, obs):
         """The learner's deterministic policy, for evaluation: the mode of pi(.|obs)."""

@@ -63,6 +63,9 @@ class Config:
     """Steps per environment per rollout."""
     normalize_obs: bool = False
     """Normalise observations with running mean and variance (`common/normalize.py`)."""
+    normalize_reward: bool = False
+    """Divide rewards by the running standard deviation of the discounted return
+    (`common/normalize.py`; CleanRL's continuous PPO, PureJaxRL's `NormalizeVecReward`)."""
 
     # --- algorithm ---
     learning_rate: float = 2.5e-4
@@ -220,6 +223,8 @@ class TrainState(NamedTuple):
     params: dict
     opt_state: optax.OptState
     obs_stats: normalize.RunningStats
+    reward_stats: normalize.RunningStats
+    """Running statistics of the discounted return (used with `normalize_reward`)."""
     env: EnvState
     key: jax.Array
 
@@ -336,7 +341,7 @@ def make_train(config: Config, live_progress: bool = False):
         key, key_net, key_env = jax.random.split(key, 3)
         params = network.init(key_net, jnp.zeros((1,) + spec.obs_shape, jnp.float32))
         return TrainState(params, make_optimizer(hp, hp.learning_rate).init(params),
-                          normalize.init(spec.obs_shape),
+                          normalize.init(spec.obs_shape), normalize.init(()),
                           reset(env, env_params, distributed.fold_in_device(key_env),
                                 local_num_envs()), key)
 
@@ -391,6 +396,15 @@ def make_train(config: Config, live_progress: bool = False):
         env_state, traj = rollout(env, env_params, spec, policy, state.env, key_rollout,
                                   config.num_steps)
 
+        # REWARD SCALE (optional): divide by the running std of the discounted return
+        reward_stats = state.reward_stats
+        if config.normalize_reward:
+            reward_stats, discounted, reward = normalize.normalize_rewards(
+                reward_stats, env_state.discounted_return, traj.reward,
+                traj.terminated | traj.truncated, hp.gamma)
+            env_state = env_state._replace(discounted_return=discounted)
+            traj = traj._replace(reward=reward)
+
         # ADVANTAGES: GAE, bootstrapping from V of the true next observation
         next_obs = traj.next_obs
         if config.normalize_obs:
@@ -425,7 +439,7 @@ def make_train(config: Config, live_progress: bool = False):
         if progress is not None:
             progress.report_from_jit(update, num_updates, metrics["global_step"],
                                      metrics["episodic_return"])
-        return TrainState(params, opt_state, obs_stats, env_state, key), metrics
+        return TrainState(params, opt_state, obs_stats, reward_stats, env_state, key), metrics
 
     def act(state: TrainState, obs):
         """The deterministic policy, for evaluation: the mode of pi(.|obs)."""

@@ -27,6 +27,9 @@ class EnvState(NamedTuple):
     """Undiscounted return of each environment's current episode so far, [num_envs]."""
     episode_length: jax.Array
     """Steps taken in each environment's current episode so far, [num_envs], int32."""
+    discounted_return: jax.Array
+    """Discounted return of each environment's current episode, [num_envs]: kept by the
+    optional reward normalisation (`common/normalize.py`), carried unchanged by `rollout`."""
 
 
 class Trajectory(NamedTuple):
@@ -57,7 +60,8 @@ def reset(env, env_params, key, num_envs: int) -> EnvState:
     obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
         jax.random.split(key, num_envs), env_params)
     zeros = jnp.zeros((num_envs,), jnp.float32)
-    return EnvState(env_state, obs.astype(jnp.float32), zeros, jnp.zeros((num_envs,), jnp.int32))
+    return EnvState(env_state, obs.astype(jnp.float32), zeros, jnp.zeros((num_envs,), jnp.int32),
+                    zeros)
 
 
 def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, key,
@@ -97,7 +101,8 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
             policy_info=policy_info, episode_return=episode_return,
             episode_length=episode_length)
         state = EnvState(env_state, obs.astype(jnp.float32),
-                         jnp.where(done, 0.0, episode_return), jnp.where(done, 0, episode_length))
+                         jnp.where(done, 0.0, episode_return), jnp.where(done, 0, episode_length),
+                         state.discounted_return)
         return state, transition
 
     # = lax.scan(one_step, ...), with the carry and the transitions packed (speed on CPU only)

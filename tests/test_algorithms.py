@@ -50,6 +50,24 @@ def algo_of(tiny) -> str:
 # --------------------------------------------------------------------------------------------
 # The make_train contract
 # --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("algo", ALGOS)
+def test_reward_normalisation_scales_what_is_learned_not_what_is_reported(algo):
+    """With `normalize_reward` the statistics see every step of every environment, the
+    learning signal changes, and the reported episodic returns stay the raw rewards' sums."""
+    tiny = tiny_run(algo)
+    config = dataclasses.replace(tiny.config, normalize_reward=True)
+    state, metrics = jax.jit(tiny.module.make_train(config))(tiny.keys[0])
+    plain_state, plain = tiny.single(tiny.keys[0], tiny.hp)
+    steps = config.num_updates * config.batch_size
+    np.testing.assert_allclose(state.reward_stats.count, 1e-4 + steps, rtol=1e-6)
+    assert float(state.reward_stats.var) > 0 and float(plain_state.reward_stats.count) < 1e-3
+    assert not np.allclose(metrics["value_loss"], plain["value_loss"])  # a scaled signal
+    # CartPole pays 1 per step: an episode's reported return is its length, as without scaling.
+    done = np.isfinite(metrics["episodic_return"])
+    np.testing.assert_array_equal(metrics["episodic_return"][done],
+                                  metrics["episodic_length"][done])
+
+
 def test_metrics_have_one_row_per_update_and_are_finite(tiny):
     state, metrics = tiny.result
     config = tiny.config

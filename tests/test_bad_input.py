@@ -142,6 +142,7 @@ CATALOGUE = [
      "cannot resume '{ckpt}' with a different config (saved -> now): num_envs: 4 -> 8; "
      "learning_rate: 0.00025 -> 0.1."),
     ("a2c", ["--resume", "{ckpt}"], "'{ckpt}' holds a ppo run; resume it with algos/ppo.py"),
+    ("ppo", ["--resume", "{ckpt}", "--normalize-reward"], "normalize_reward: False -> True"),
     # --- the evaluate entry point ---
     ("evaluate", ["{missing}"], "no checkpoint file at '{missing}'"),
     ("evaluate", ["{truncated}"], "'{truncated}' is not a readable checkpoint"),

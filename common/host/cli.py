@@ -380,8 +380,8 @@ def check_fits_in_memory(config, template, layout: Layout):
     if available is not None and per_device > available:
         runs = jax.tree.leaves(template)[0].shape[0]
         fail(f"does not fit in memory: the training state of {runs} run(s) is "
-             f"{state_bytes / 2**30:.1f} GiB, which the program holds twice ({per_device / 2**30:.1f} "
-             f"GiB per device), and {available / 2**30:.1f} GiB is available; reduce "
+             f"{state_bytes / 2**30:.1f} GiB, which the program holds twice "
+             f"({per_device / 2**30:.1f} GiB per device), and {available / 2**30:.1f} GiB is available; reduce "
              f"{shrinkable(config)}.")
 
 
