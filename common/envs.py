@@ -40,12 +40,52 @@ class EnvSpec(NamedTuple):
         return len(self.obs_shape) == 3
 
 
+MASKED = {"MaskedCartPole-v1": ("CartPole-v1", (0, 2)),
+          "MaskedPendulum-v1": ("Pendulum-v1", (0, 1))}
+"""Partially observable tasks: id -> (gymnax id, the observation entries kept). CartPole
+keeps the cart position and pole angle of [x, x_dot, theta, theta_dot]; Pendulum the cosine
+and sine of the angle of [cos theta, sin theta, theta_dot]. The velocities are hidden: a
+policy must infer them from what it saw before (a recurrent policy's task)."""
+
+
 def known_env_ids() -> list[str]:
-    """Every gymnax environment id. Read from gymnax's registry if gymnax is imported, else
-    from the id list in its `registration.py`, parsed without running it (no JAX starts)."""
+    """Every environment id: gymnax's (read from its registry if gymnax is imported, else
+    from the id list in its `registration.py`, parsed without running it: no JAX starts),
+    then the velocity-hidden tasks of `MASKED`."""
     if "gymnax" in sys.modules:
-        return list(sys.modules["gymnax"].registered_envs)
-    return list(_builtins()[0])
+        return list(sys.modules["gymnax"].registered_envs) + list(MASKED)
+    return list(_builtins()[0]) + list(MASKED)
+
+
+class MaskedObservation:
+    """A gymnax environment that shows only the entries `keep` of its observation vector
+    (also in `info["final_observation"]` and the observation space); everything else, the
+    state included, is the wrapped environment's."""
+
+    def __init__(self, env, keep: tuple):
+        self.env, self.keep = env, jnp.asarray(keep)
+
+    def __getattr__(self, name):  # default_params, name, render settings, ...
+        return getattr(self.env, name)
+
+    def reset(self, key, params=None):
+        obs, state = self.env.reset(key, params)
+        return obs[..., self.keep], state
+
+    def step(self, key, state, action, params=None):
+        obs, state, reward, terminated, truncated, info = self.env.step(key, state, action,
+                                                                        params)
+        info = {**info, "final_observation": info["final_observation"][..., self.keep]}
+        return obs[..., self.keep], state, reward, terminated, truncated, info
+
+    def observation_space(self, params):
+        space = self.env.observation_space(params)
+        low = jnp.broadcast_to(space.low, space.shape)[self.keep]
+        high = jnp.broadcast_to(space.high, space.shape)[self.keep]
+        return type(space)(low, high, (len(self.keep),), space.dtype)
+
+    def action_space(self, params):
+        return self.env.action_space(params)
 
 
 @functools.cache
@@ -135,13 +175,18 @@ def check_env_id(env_id: str):
 
 
 def make_env(env_id: str):
-    """`(env, env_params, spec)` for a gymnax environment id.
+    """`(env, env_params, spec)` for a gymnax environment id (or one of `MASKED`).
 
     Raises `ValueError` naming the closest known ids when `env_id` is unknown, before anything is
     compiled.
     """
     check_env_id(env_id)
-    env, env_params = _make_gymnax(env_id)
+    if env_id in MASKED:
+        base, keep = MASKED[env_id]
+        env, env_params = _make_gymnax(base)
+        env = MaskedObservation(env, keep)
+    else:
+        env, env_params = _make_gymnax(env_id)
     spaces = _import_without_package_inits("gymnax.environments.spaces")
     obs_space = env.observation_space(env_params)
     action_space = env.action_space(env_params)

@@ -230,3 +230,13 @@ def test_cli_bad_input_is_one_line_without_traceback(algo):
     assert "Traceback" not in result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: ") and all(p in line for p in parts), line
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_every_algorithm_trains_on_a_velocity_hidden_task(algo):
+    tiny = tiny_run(algo)
+    config = dataclasses.replace(tiny.config, env_id="MaskedCartPole-v1")
+    state, metrics = jax.jit(tiny.module.make_train(config))(tiny.keys[0])
+    assert state.env.obs.shape == (config.num_envs, 2)
+    assert np.isfinite(metrics["value_loss"]).all()
+    assert np.isfinite(metrics["episodic_return"]).any()

@@ -109,10 +109,11 @@ LAZY_MAKE = """
 import sys
 import jax
 import numpy as np
-from common.envs import known_env_ids, make_env
+from common.envs import MASKED, known_env_ids, make_env
 made = {}
 first = ["CartPole-v1", "Pendulum-v1", "Breakout-MinAtar"]
-others = [i for i in known_env_ids() if i not in first and i != "MNISTBandit-bsuite"]  # download
+others = [i for i in known_env_ids() if i not in first and i != "MNISTBandit-bsuite"  # download
+          and i not in MASKED]  # ours, not gymnax's
 for env_id in first + others:
     env, params, _ = make_env(env_id)
     made[env_id] = (type(env), params)
@@ -497,3 +498,29 @@ def test_normalize_rewards_across_devices_equals_the_global_computation():
         np.testing.assert_allclose(leaf, jnp.broadcast_to(want, (4,)), rtol=1e-6)
     np.testing.assert_allclose(d_scaled.swapaxes(0, 1).reshape(12, 8), scaled, rtol=1e-6)
     np.testing.assert_allclose(d_g.reshape(8), g, rtol=1e-6)
+
+
+@pytest.mark.parametrize("masked,base,keep", [("MaskedCartPole-v1", "CartPole-v1", [0, 2]),
+                                              ("MaskedPendulum-v1", "Pendulum-v1", [0, 1])])
+def test_masked_tasks_hide_the_velocities(masked, base, keep):
+    """The same environment and keys: the masked observation is the full one without its
+    velocity entries, at every step, across automatic resets, and in the final observation
+    of a truncated or terminated episode."""
+    env, params, spec = make_env(masked)
+    full_env, full_params, full_spec = make_env(base)
+    assert spec.obs_shape == (2,) and full_spec.obs_shape[0] in (3, 4)
+    assert spec.discrete == full_spec.discrete and spec.action_dim == full_spec.action_dim
+    policy = lambda key, obs: (jax.random.randint(key, (obs.shape[0],), 0, 2) if spec.discrete  # noqa: E731
+                               else jax.random.uniform(key, (obs.shape[0], 1), minval=-2,
+                                                       maxval=2), None)
+    key = jax.random.PRNGKey(0)
+    _, traj = rollout(env, params, spec, policy, reset(env, params, key, 4), key, 250)
+    _, full = rollout(full_env, full_params, full_spec, policy,
+                      reset(full_env, full_params, key, 4), key, 250)
+    np.testing.assert_array_equal(traj.obs, full.obs[..., keep])
+    np.testing.assert_array_equal(traj.next_obs, full.next_obs[..., keep])
+    assert (np.asarray(traj.terminated) | np.asarray(traj.truncated)).any()  # resets happened
+    hidden = [i for i in range(full_spec.obs_shape[0]) if i not in keep]
+    assert np.std(np.asarray(full.obs)[..., hidden]) > 0.1  # what is hidden does vary
+    space = env.observation_space(params)
+    assert space.shape == (2,) and np.shape(space.low) == (2,)

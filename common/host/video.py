@@ -25,6 +25,9 @@ _INSTALL = {"matplotlib": "pip install -e '.[bench]'", "gymnasium": "pip install
 
 def check_renderer(env_id: str):
     """Raise `ValueError` (one line) unless a GIF of `env_id` can be drawn here."""
+    from common.envs import MASKED
+
+    env_id = MASKED.get(env_id, (env_id,))[0]  # a masked task looks like the task it masks
     if env_id not in RENDERERS:
         raise ValueError(f"--capture-video: gymnax has no renderer for {env_id!r}, so no GIF can "
                          f"be made of it (it has renderers for {', '.join(RENDERERS)}).")
