@@ -489,7 +489,8 @@ def train_in_chunks(s: Session, run_chunk, run_eval, chunk: int):
     before the loop returns or the process exits.
 
     A signal is acted on at once, not at the end of a chunk: while the devices compute, the
-    host waits in short sleeps (`wait_for`), so when Ctrl-C arrives it saves the last state
+    host waits on an event rather than inside XLA (`wait_for`), so when Ctrl-C arrives it
+    saves the last state
     that passed the NaN guard and leaves without waiting for the queued chunks (one
     process; with several, every process stops together at the end of the chunk, which
     process 0 decides). A second signal stops at once, leaving the last checkpoint on disk.
@@ -569,15 +570,25 @@ def leave_now(code: int):
 
 
 def wait_for(tree, interrupt, interruptible: bool) -> bool:
-    """Wait until every array of `tree` is computed, in short sleeps so that a signal's
-    handler runs meanwhile; False, at once, when a signal arrived and `interruptible`."""
-    leaves = jax.tree.leaves(tree)
-    delay = 1e-4
-    while not all(x.is_ready() for x in leaves):
+    """Wait until every array of `tree` is computed; False, at once, when a signal arrived
+    first and `interruptible`.
+
+    A helper thread blocks on the arrays and sets an event; the main thread waits on the
+    event, which (unlike a wait inside XLA) lets a signal's handler run at once, and wakes
+    the moment the arrays are ready."""
+    done = threading.Event()
+
+    def block():
+        try:
+            jax.block_until_ready(tree)
+        except Exception:  # noqa: BLE001  (the main thread's fetch raises it again)
+            pass
+        done.set()
+
+    threading.Thread(target=block, name="wait-for-chunk", daemon=True).start()
+    while not done.wait(timeout=0.05):  # a signal's handler runs inside the wait
         if interruptible and interrupt.signal:
             return False
-        time.sleep(delay)
-        delay = min(2 * delay, 0.005)
     return True
 
 
