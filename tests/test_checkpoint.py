@@ -22,6 +22,7 @@ import pytest
 
 from algos.ppo import Config, main, make_train
 from common.host import checkpoint, cli, logger
+from helpers import compilation_cache as cache  # noqa: F401  (a fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARGS = ["--env-id", "CartPole-v1", "--total-timesteps", "65536", "--num-envs", "4",
@@ -29,19 +30,6 @@ ARGS = ["--env-id", "CartPole-v1", "--total-timesteps", "65536", "--num-envs", "
         "--checkpoint-every", "64", "--eval-every", "128", "--eval-episodes", "4",
         "--num-devices", "1"]  # bitwise comparisons need one layout (2 seeds on 1 device)
 NUM_UPDATES, CHUNK = 512, 16  # cli.chunk_size(512, 64, 128) == 16
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """One persistent compilation cache for this module's runs, in- and out-of-process."""
-    path = str(tmp_path_factory.mktemp("xla_cache"))
-    previous = os.environ.get("ONPOLICY_JAX_CACHE")
-    os.environ["ONPOLICY_JAX_CACHE"] = path
-    yield path
-    if previous is None:
-        os.environ.pop("ONPOLICY_JAX_CACHE")
-    else:
-        os.environ["ONPOLICY_JAX_CACHE"] = previous
 
 
 def latest(log_dir) -> str:

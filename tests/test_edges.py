@@ -17,24 +17,12 @@ import pytest
 
 from algos.ppo import main
 from common.host import checkpoint, cli
-from helpers import save_initial
+from helpers import compilation_cache as cache, save_initial  # noqa: F401  (a fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "32",
         "--num-minibatches", "2", "--update-epochs", "1", "--num-devices", "1"]  # 16 updates
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cache(tmp_path_factory):
-    """One persistent compilation cache for this module's runs, in- and out-of-process."""
-    path = str(tmp_path_factory.mktemp("xla_cache"))
-    previous = os.environ.get("ONPOLICY_JAX_CACHE")
-    os.environ["ONPOLICY_JAX_CACHE"] = path
-    yield path
-    if previous is None:
-        os.environ.pop("ONPOLICY_JAX_CACHE")
-    else:
-        os.environ["ONPOLICY_JAX_CACHE"] = previous
+pytestmark = pytest.mark.usefixtures("cache")  # every run here shares one cache
 
 
 def one_error_line(err: str) -> str:

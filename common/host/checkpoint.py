@@ -34,6 +34,7 @@ so there is no moment without a latest), and a corrupted latest file names its i
 predecessor to resume instead.
 """
 
+import functools
 import hashlib
 import os
 import platform
@@ -80,8 +81,10 @@ def home(path: str) -> str:
     return stem[: -len(".previous")] + ext if stem.endswith(".previous") else path
 
 
+@functools.cache
 def library_versions() -> dict:
-    """Python's and the libraries' versions, as recorded in every checkpoint."""
+    """Python's and the libraries' versions, as recorded in every checkpoint (read once per
+    process)."""
     versions = {"python": platform.python_version()}
     for name in _LIBRARIES:
         try:

@@ -34,7 +34,6 @@ import sys
 import threading
 import time
 import warnings
-import zlib
 from functools import partial
 from typing import Annotated, Any
 
@@ -46,8 +45,8 @@ from jax.sharding import PartitionSpec as P
 from common import presets
 from common.evaluate import evaluate
 from common.host import checkpoint, logger
-from common.host.devices import (Layout, fail, fetch, from_process_0, peers_alive,
-                                 same_everywhere, setup_devices)
+from common.host.devices import (Layout, differing_processes, fail, fetch, from_process_0,
+                                 peers_alive, same_everywhere, setup_devices)
 from common.host.options import RESUME_MUST_MATCH, RunOptions
 
 NAN_BY_DESIGN = ("episodic_return", "episodic_length", "explained_variance", "eval_return")
@@ -138,7 +137,6 @@ NOT_INHERITED = ("coordinator_address", "num_processes", "process_id")
 def tyro_cli(cls, argv, **kwargs):
     """`tyro.cli(cls, args=argv)`, with tyro's boxed error message (a mistyped value, an
     unknown flag) turned into one line, `error: ...`, and exit status 2. `--help` is tyro's."""
-    import contextlib
     import io
 
     import tyro
@@ -289,14 +287,15 @@ def start_or_resume(algo: str, config, run: RunOptions, train) -> Session:
     session = Session(algo, config, run, train, layout, template,
                       layout.put(keys, layout.seeds), layout.put(hparams, layout.seeds))
     if run.resume:
+        given = checkpoint.resolve(run.resume)
         try:
-            state, record = resume(checkpoint.resolve(run.resume), algo, config, run, template)
-            session.path = checkpoint.home(checkpoint.resolve(run.resume))
+            state, record = resume(given, algo, config, run, template)
+            session.path = checkpoint.home(given)
             if session.writer:
                 checkpoint.check_writable(session.path)
         except checkpoint.CheckpointError as error:
             fail(error)
-        session.latest_is_ours = session.path == checkpoint.resolve(run.resume)
+        session.latest_is_ours = session.path == given
         now = checkpoint.library_versions()
         changed = [f"{k} {v} -> {now.get(k)}" for k, v in record["versions"].items()
                    if now.get(k) != v]
@@ -423,15 +422,9 @@ def out_of_memory_is_one_line(config):
 def agree_across_processes(config, run: RunOptions):
     """With several processes: stop every one of them, with one line, unless all were given
     the same config and run options (all but `--process-id`)."""
-    if jax.process_count() == 1:
-        return
-    from jax.experimental import multihost_utils
-
     mine = {**dataclasses.asdict(config),
             **{k: v for k, v in dataclasses.asdict(run).items() if k != "process_id"}}
-    crc = np.int32(zlib.crc32(repr(sorted(mine.items())).encode()) & 0x7FFFFFFF)
-    crcs = np.asarray(multihost_utils.process_allgather(crc)).ravel()
-    differ = [i for i, c in enumerate(crcs) if c != crcs[0]]
+    differ = differing_processes(repr(sorted(mine.items())).encode())
     if differ:
         fail(f"process(es) {', '.join(map(str, differ))} of this {jax.process_count()}-process "
              "run were started with other flags than process 0; start every process with the "

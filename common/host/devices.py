@@ -206,14 +206,22 @@ def same_everywhere(params, replicated: bool):
         host = [cs[0] for cs in copies]
     else:
         host = jax.tree.leaves(fetch(params))
-    from jax.experimental import multihost_utils
-
-    crc = zlib.crc32(b"".join(np.ascontiguousarray(x).tobytes() for x in host)) & 0x7FFFFFFF
-    crcs = np.asarray(multihost_utils.process_allgather(np.int32(crc))).ravel()
-    differ = [i for i, c in enumerate(crcs) if c != crcs[0]]
+    differ = differing_processes(b"".join(np.ascontiguousarray(x).tobytes() for x in host))
     if differ:  # every process sees the same list, so every one stops
         fail(f"process(es) {', '.join(map(str, differ))} ended with parameters that differ from "
              "process 0's.", code=1)
+
+
+def differing_processes(data: bytes) -> list[int]:
+    """The indices of the processes whose `data` differs from process 0's (a CRC of it,
+    gathered from every process; the same list on all of them; [] with one process)."""
+    if jax.process_count() == 1:
+        return []
+    from jax.experimental import multihost_utils
+
+    crc = np.int32(zlib.crc32(data) & 0x7FFFFFFF)
+    crcs = np.asarray(multihost_utils.process_allgather(crc)).ravel()
+    return [i for i, c in enumerate(crcs) if c != crcs[0]]
 
 
 def from_process_0(value: int) -> int:
