@@ -23,7 +23,9 @@ What differs from the paper, following OpenAI Baselines' `a2c` and Stable-Baseli
 - RMSprop with statistics per run (not shared across workers) and eps added outside the square
   root, as PyTorch's `torch.optim.RMSprop` that SB3 uses; gradients clipped by global norm;
 - separate actor and critic MLPs (64x64 tanh, orthogonal init, policy head scaled 0.01), or a
-  shared small CNN torso for image observations (MinAtar) -- the same network as `ppo.py`;
+  shared small CNN torso for image observations (MinAtar) -- the same network as `ppo.py`,
+  also with its GRU core (`--network gru`), recomputed over the rollout in the update from
+  the state stored at the rollout's start;
 - the value loss carries a factor 0.5 (as in `ppo.py`); Baselines and SB3 use the plain mean
   squared error, so their `vf_coef` equals ours / 2 for the same gradient.
 
@@ -53,7 +55,7 @@ from common import distributed, normalize
 from common.distributed import pmean
 from common.envs import EnvSpec, check_env_id, make_env
 from common.gae import gae
-from common.nn import Conv, Dense, orthogonal
+from common.nn import GRU, Conv, Dense, orthogonal
 from common.rollout import EnvState, Trajectory, finished_episode_stats, reset, rollout
 from common.validate import check_fields, one_of, require
 
@@ -114,9 +116,11 @@ class Config:
     """Width of the two hidden layers of the actor and critic MLPs."""
     activation: Literal["tanh", "relu"] = "tanh"
     """Activation of the MLPs (the CNN torso always uses ReLU)."""
-    network: Literal["auto", "mlp", "cnn"] = "auto"
+    network: Literal["auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru"] = "auto"
     """Torso: `auto` picks the CNN for image observations (MinAtar) and the MLPs otherwise;
-    `mlp` flattens images into the MLPs (PureJaxRL's MinAtar baseline, much cheaper on a CPU)."""
+    `mlp` flattens images into the MLPs (PureJaxRL's MinAtar baseline, much cheaper on a CPU).
+    `gru` adds a recurrent core of `hidden_size` units after the `auto` torso (`mlp-gru`,
+    `cnn-gru`: after that torso): a policy with memory, for partially observed tasks."""
 
     def __post_init__(self):  # plain Python: building a Config starts no JAX backend
         check_fields(self, wide=("total_timesteps",))  # types first: ints, finite float32s
@@ -127,7 +131,7 @@ class Config:
         require(self, "nonnegative", "ent_coef", "vf_coef")
         one_of(self, "optimizer", ("rmsprop", "adam"))
         one_of(self, "activation", ("tanh", "relu"))
-        one_of(self, "network", ("auto", "mlp", "cnn"))
+        one_of(self, "network", ("auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru"))
         if self.total_timesteps < self.batch_size:
             raise ValueError(f"--total-timesteps {self.total_timesteps} is less than one "
                              f"rollout (num_envs * num_steps = {self.batch_size}).")
@@ -136,6 +140,16 @@ class Config:
     @property
     def batch_size(self) -> int:
         return self.num_envs * self.num_steps
+
+    @property
+    def recurrent(self) -> bool:
+        """The network has a GRU core."""
+        return self.network.endswith("gru")
+
+    @property
+    def torso(self) -> str:
+        """`auto`, `mlp` or `cnn`: the network's torso without its recurrent core."""
+        return {"gru": "auto"}.get(self.network, self.network.removesuffix("-gru"))
 
     @property
     def num_updates(self) -> int:
@@ -169,27 +183,42 @@ class HParams(NamedTuple):
 class ActorCritic(nn.Module):
     """pi(a|s) and V(s). MLP torso: separate actor and critic MLPs (images flattened). CNN torso:
     one shared CNN (Conv 16 3x3, Dense 128, as the MinAtar baselines, Young & Tian 2019,
-    arXiv:1903.03176) with a policy head and a value head."""
+    arXiv:1903.03176) with a policy head and a value head. Recurrent: the torso (one Dense
+    layer, or the CNN) feeds a GRU, whose output feeds an actor and a critic layer.
+
+    `__call__(obs, hidden=None, first=None) -> (pi, value, memory)`. Feed-forward: `obs` has
+    any leading axes and `memory` is None. Recurrent: `obs` [T, N, ...] is a time-major
+    sequence, `hidden` [N, H] the GRU state before it, `first` [T, N] the episode starts
+    (`common/nn.py`'s `GRU`), and `memory` [T, N, H] the GRU's output after each step."""
 
     spec: EnvSpec
     hidden_size: int = 64
     activation: str = "tanh"
     cnn: bool = False
+    recurrent: bool = False
 
     @nn.compact
-    def __call__(self, obs):
+    def __call__(self, obs, hidden=None, first=None):
         act = nn.tanh if self.activation == "tanh" else nn.relu
         dense = lambda n, scale: Dense(n, kernel_init=orthogonal(scale))  # noqa: E731
+        memory = None
         if self.cnn:
             x = nn.relu(Conv(16, (3, 3), kernel_init=orthogonal(np.sqrt(2)))(obs))
             x = nn.relu(dense(128, np.sqrt(2))(x.reshape(x.shape[:-3] + (-1,))))
             actor, critic = x, x
+        elif self.recurrent:
+            obs = obs.reshape(obs.shape[:obs.ndim - len(self.spec.obs_shape)] + (-1,))
+            x = act(dense(self.hidden_size, np.sqrt(2))(obs))
         else:
             obs = obs.reshape(obs.shape[:obs.ndim - len(self.spec.obs_shape)] + (-1,))
             actor = act(dense(self.hidden_size, np.sqrt(2))(obs))
             actor = act(dense(self.hidden_size, np.sqrt(2))(actor))
             critic = act(dense(self.hidden_size, np.sqrt(2))(obs))
             critic = act(dense(self.hidden_size, np.sqrt(2))(critic))
+        if self.recurrent:
+            _, memory = GRU(self.hidden_size)(hidden, x, first)
+            actor = act(dense(self.hidden_size, np.sqrt(2))(memory))
+            critic = act(dense(self.hidden_size, np.sqrt(2))(memory))
         value = dense(1, 1.0)(critic).squeeze(-1)
         if self.spec.discrete:
             pi = distrax.Categorical(logits=dense(self.spec.action_dim, 0.01)(actor))
@@ -197,7 +226,7 @@ class ActorCritic(nn.Module):
             mean = dense(self.spec.action_dim, 0.01)(actor)
             log_std = self.param("log_std", nn.initializers.zeros, (self.spec.action_dim,))
             pi = distrax.MultivariateNormalDiag(mean, jnp.exp(log_std) * jnp.ones_like(mean))
-        return pi, value
+        return pi, value, memory
 
 
 class TrainState(NamedTuple):
@@ -272,12 +301,13 @@ def make_train(config: Config, live_progress: bool = False):
     Raises `ValueError` for a network the environment cannot take, before anything compiles.
     """
     env, env_params, spec = make_env(config.env_id)
-    if config.network == "cnn" and not spec.image_obs:
-        raise ValueError(f"--network cnn needs image observations (a MinAtar game), but "
-                         f"{config.env_id} observations have shape {spec.obs_shape}; use "
-                         f"--network mlp (or auto).")
-    cnn = config.network == "cnn" or (config.network == "auto" and spec.image_obs)
-    network = ActorCritic(spec, config.hidden_size, config.activation, cnn)
+    if config.torso == "cnn" and not spec.image_obs:
+        raise ValueError(f"--network {config.network} needs image observations (a MinAtar "
+                         f"game), but {config.env_id} observations have shape {spec.obs_shape}; "
+                         f"use --network mlp (or auto, gru).")
+    cnn = config.torso == "cnn" or (config.torso == "auto" and spec.image_obs)
+    recurrent = config.recurrent
+    network = ActorCritic(spec, config.hidden_size, config.activation, cnn, recurrent)
     num_updates, batch_size = config.num_updates, config.batch_size
 
     def learning_rate(hp: HParams, update):
@@ -299,20 +329,37 @@ def make_train(config: Config, live_progress: bool = False):
             opt = optax.adam(lr, eps=hp.opt_eps)
         return optax.chain(optax.clip_by_global_norm(hp.max_grad_norm), opt)
 
+    def initial_hidden(num_envs: int):
+        """The GRU state of environments before their first step (None: feed-forward)."""
+        return GRU.initial_state(num_envs, config.hidden_size) if recurrent else None
+
+    def next_values(params, next_obs, memory):
+        """V(s'_t) of the observation each step t led to, before any reset, [T, N]. Recurrent:
+        one more GRU step from its output after s_t (the episode goes on: no reset)."""
+        if not recurrent:
+            return network.apply(params, next_obs)[1]
+        steps, envs = next_obs.shape[:2]
+        as_one_step = lambda x: x.reshape((1, steps * envs) + x.shape[2:])  # noqa: E731
+        _, value, _ = network.apply(params, as_one_step(next_obs), as_one_step(memory)[0],
+                                    jnp.zeros((1, steps * envs), bool))
+        return value.reshape(steps, envs)
+
     def init(key, hparams: HParams | None = None) -> TrainState:
         """Fresh parameters, optimiser state and environments for one run (data-parallel:
         the same parameters on every device, each device its own share of the environments)."""
         hp = config.hparams() if hparams is None else hparams
         key, key_net, key_env = jax.random.split(key, 3)
-        params = network.init(key_net, jnp.zeros((1,) + spec.obs_shape, jnp.float32))
+        params = network.init(key_net, jnp.zeros((1, 1) + spec.obs_shape, jnp.float32),
+                              initial_hidden(1), jnp.ones((1, 1), bool))
         devices = distributed.axis_size()
         if config.num_envs % devices:
             raise ValueError(f"data-parallel A2C on {devices} devices needs --num-envs "
                              f"({config.num_envs}) to divide by {devices}.")
+        num_envs = config.num_envs // devices
         return TrainState(params, make_optimizer(hp).init(params), normalize.init(spec.obs_shape),
                           normalize.init(()),
-                          reset(env, env_params, distributed.fold_in_device(key_env),
-                                config.num_envs // devices), key)
+                          reset(env, env_params, distributed.fold_in_device(key_env), num_envs,
+                                initial_hidden(num_envs)), key)
 
     def learn(state: TrainState, hp: HParams, traj: Trajectory):
         """One gradient step of the A2C loss on one rollout (Algorithm S3's update).
@@ -320,7 +367,9 @@ def make_train(config: Config, live_progress: bool = False):
         `traj` is time-major, [T, num_envs, ...] (data-parallel: this device's share of the
         environments, [T, num_envs / D, ...]); the step reads its obs, action, reward,
         terminated, truncated and next_obs, and bootstraps from V(next_obs) under
-        `state.params`. The losses are means over equal shares, so the mean (`pmean`) of the
+        `state.params` (recurrent: the rollout's GRU outputs are in `traj.policy_info`, and
+        the update recomputes the GRU over the rollout from `state.env.hidden`, the state it
+        started from). The losses are means over equal shares, so the mean (`pmean`) of the
         devices' gradients is the gradient of the whole rollout; advantage normalisation and
         explained variance use global statistics (`distributed.mean_var`), so the result does
         not depend on the number of devices.
@@ -330,10 +379,10 @@ def make_train(config: Config, live_progress: bool = False):
             else (lambda obs: obs)
 
         # BOOTSTRAP VALUES: V of the true next observation (the final one where an episode ended)
-        _, v_tp1 = network.apply(state.params, norm(traj.next_obs))
+        v_tp1 = next_values(state.params, norm(traj.next_obs), traj.policy_info)
 
         def loss_fn(params):
-            pi, v_t = network.apply(params, norm(traj.obs))
+            pi, v_t, _ = network.apply(params, norm(traj.obs), state.env.hidden, traj.first)
             return a2c_loss(pi.log_prob(traj.action), pi.entropy(), v_t, traj.reward, v_tp1,
                             traj.terminated, traj.truncated, gamma=hp.gamma,
                             gae_lambda=hp.gae_lambda, ent_coef=hp.ent_coef,
@@ -344,20 +393,29 @@ def make_train(config: Config, live_progress: bool = False):
         updates, opt_state = make_optimizer(hp).update(grads, state.opt_state, state.params)
         return optax.apply_updates(state.params, updates), opt_state, info
 
+    def policy(params, obs_stats):
+        """pi(.|s) under `params`, as `rollout` calls it: `(key, obs, first, hidden) ->
+        (action, memory, hidden)`, the GRU stepped once (and reset where `first`); `memory`,
+        its output (None: feed-forward), is recorded for the bootstrap values."""
+        def sample(key, obs, first, hidden):
+            if config.normalize_obs:
+                obs = normalize.normalize(obs_stats, obs)
+            if recurrent:  # one time step of the sequence
+                pi, _, memory = network.apply(params, obs[None], hidden, first[None])
+                return pi.sample(seed=key)[0], memory[0], memory[0]
+            pi, _, _ = network.apply(params, obs)
+            return pi.sample(seed=key), None, None
+
+        return sample
+
     def update_step(state: TrainState, hp: HParams, update):
         """One A2C iteration: collect a rollout, take one gradient step on all of it."""
         key, key_rollout = jax.random.split(state.key)
         key_rollout = distributed.fold_in_device(key_rollout)  # data-parallel: own randomness
 
         # COLLECT TRAJECTORIES with the current policy
-        def policy(key, obs):
-            if config.normalize_obs:
-                obs = normalize.normalize(state.obs_stats, obs)
-            pi, _ = network.apply(state.params, obs)
-            return pi.sample(seed=key), None
-
-        env_state, traj = rollout(env, env_params, spec, policy, state.env, key_rollout,
-                                  config.num_steps)
+        env_state, traj = rollout(env, env_params, spec, policy(state.params, state.obs_stats),
+                                  state.env, key_rollout, config.num_steps)
 
         # REWARD SCALE (optional): divide by the running std of the discounted return
         reward_stats = state.reward_stats
@@ -389,11 +447,15 @@ def make_train(config: Config, live_progress: bool = False):
                                      metrics["episodic_return"])
         return TrainState(params, opt_state, obs_stats, reward_stats, env_state, key), metrics
 
-    def act(state: TrainState, obs):
-        """The deterministic policy, for evaluation: the mode of pi(.|obs)."""
+    def act(state: TrainState, obs, first, hidden):
+        """The deterministic policy, for evaluation: `(mode of pi(.|obs), hidden)`, the GRU
+        state carried (and reset where `first`) as in the rollout."""
         if config.normalize_obs:
             obs = normalize.normalize(state.obs_stats, obs)
-        return network.apply(state.params, obs)[0].mode()
+        if recurrent:
+            pi, _, memory = network.apply(state.params, obs[None], hidden, first[None])
+            return pi.mode()[0], memory[0]
+        return network.apply(state.params, obs)[0].mode(), hidden
 
     def run_updates(state: TrainState, hparams: HParams | None, updates):
         """Continue `state` through the updates numbered `updates` (a 1-D int array)."""
@@ -410,7 +472,8 @@ def make_train(config: Config, live_progress: bool = False):
         progress = Progress(f"a2c {config.env_id}", num_updates * batch_size)
     # The pieces, for callers that run the updates in chunks (the command line, checkpoints).
     train.init, train.run_updates, train.learn, train.act = init, run_updates, learn, act
-    train.progress = progress
+    train.policy, train.next_values = policy, next_values
+    train.initial_hidden, train.progress = initial_hidden, progress
     return train
 
 

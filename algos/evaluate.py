@@ -97,7 +97,8 @@ def main(argv=None):
     env, env_params, spec = make_env(config.env_id)
     keys = jax.random.split(jax.random.PRNGKey(args.seed), len(seeds))
     returns, lengths = jax.jit(jax.vmap(
-        lambda s, k: evaluate(partial(train.act, s), env, env_params, spec, k, args.episodes)
+        lambda s, k: evaluate(partial(train.act, s), env, env_params, spec, k, args.episodes,
+                              hidden=train.initial_hidden(args.episodes))
     ))(state, keys)
     print(f"evaluate: {record['algo']} on {config.env_id}, {args.checkpoint} (update "
           f"{record['update']} of {config.num_updates}), {args.episodes} episodes per run, "
@@ -110,7 +111,8 @@ def main(argv=None):
     if args.capture_video:
         first = jax.tree.map(lambda x: x[0], state)
         states, rewards, done = jax.jit(
-            lambda s, k: record_episode(partial(train.act, s), env, env_params, spec, k)
+            lambda s, k: record_episode(partial(train.act, s), env, env_params, spec, k,
+                                        hidden=train.initial_hidden(1))
         )(first, keys[0])
         done = np.asarray(done)
         length = int(np.argmax(done)) + 1 if done.any() else len(done)

@@ -19,8 +19,10 @@ What differs from the paper:
   (minibatches split the environments, never the time axis, which V-Trace runs along);
 - optional penalty on KL(mu || pi) (`kl_coef`, default 0), estimated from the behaviour's own
   samples with Schulman's k3 estimator, http://joschu.net/blog/kl-approx.html;
-- feed-forward networks as in `algos/ppo.py` (separate 64x64 tanh actor and critic MLPs, or the
-  small MinAtar CNN), no LSTM, no reward clipping; optional observation normalisation (the
+- the networks of `algos/ppo.py` (separate 64x64 tanh actor and critic MLPs, or the small
+  MinAtar CNN), feed-forward or with a GRU core (`--network gru`; the paper's agent has an
+  LSTM): the actors carry their own GRU state, the learner recomputes each trajectory from
+  the state the actor had at its start with its current parameters; no reward clipping; optional observation normalisation (the
   actors use the learner's current statistics: only the network parameters lag);
 - a time-limit truncation bootstraps from the final observation (Pardo et al. 2018,
   arXiv:1712.00378), as in `common/gae.py`.
@@ -53,7 +55,7 @@ from common import distributed, normalize
 from common.distributed import pmean
 from common.envs import EnvSpec, check_env_id, make_env
 from common.minibatch import permutation
-from common.nn import Conv, Dense, orthogonal
+from common.nn import GRU, Conv, Dense, orthogonal
 from common.rollout import EnvState, finished_episode_stats, reset, rollout
 from common.validate import check_fields, one_of, require
 from common.vtrace import vtrace
@@ -128,9 +130,11 @@ class Config:
     """Width of the two hidden layers of the actor and critic MLPs."""
     activation: Literal["tanh", "relu"] = "tanh"
     """Activation of the MLPs (the CNN torso always uses ReLU)."""
-    network: Literal["auto", "mlp", "cnn"] = "auto"
+    network: Literal["auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru"] = "auto"
     """Torso: `auto` picks the CNN for image observations (MinAtar) and the MLPs otherwise;
-    `mlp` flattens images into the MLPs (PureJaxRL's MinAtar baseline, much cheaper on a CPU)."""
+    `mlp` flattens images into the MLPs (PureJaxRL's MinAtar baseline, much cheaper on a CPU).
+    `gru` adds a recurrent core of `hidden_size` units after the `auto` torso (`mlp-gru`,
+    `cnn-gru`: after that torso): a policy with memory, for partially observed tasks."""
 
     def __post_init__(self):  # plain Python: building a Config starts no JAX backend
         check_fields(self, wide=("total_timesteps",))  # types first: ints, finite float32s
@@ -144,7 +148,7 @@ class Config:
         require(self, "nonnegative", "ent_coef", "vf_coef", "kl_coef")
         one_of(self, "optimizer", ("rmsprop", "adam"))
         one_of(self, "activation", ("tanh", "relu"))
-        one_of(self, "network", ("auto", "mlp", "cnn"))
+        one_of(self, "network", ("auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru"))
         if self.num_envs % self.num_minibatches:
             raise ValueError(
                 f"--num-envs {self.num_envs} is not divisible by --num-minibatches "
@@ -162,6 +166,16 @@ class Config:
     @property
     def batch_size(self) -> int:
         return self.num_envs * self.num_steps
+
+    @property
+    def recurrent(self) -> bool:
+        """The network has a GRU core."""
+        return self.network.endswith("gru")
+
+    @property
+    def torso(self) -> str:
+        """`auto`, `mlp` or `cnn`: the network's torso without its recurrent core."""
+        return {"gru": "auto"}.get(self.network, self.network.removesuffix("-gru"))
 
     @property
     def num_updates(self) -> int:
@@ -199,27 +213,42 @@ class HParams(NamedTuple):
 class ActorCritic(nn.Module):
     """pi(a|s) and V(s). MLP torso: separate actor and critic MLPs (images flattened). CNN torso:
     one shared CNN (Conv 16 3x3, Dense 128, as the MinAtar baselines, Young & Tian 2019,
-    arXiv:1903.03176) with a policy head and a value head."""
+    arXiv:1903.03176) with a policy head and a value head. Recurrent: the torso (one Dense
+    layer, or the CNN) feeds a GRU, whose output feeds an actor and a critic layer.
+
+    `__call__(obs, hidden=None, first=None) -> (pi, value, memory)`. Feed-forward: `obs` has
+    any leading axes and `memory` is None. Recurrent: `obs` [T, N, ...] is a time-major
+    sequence, `hidden` [N, H] the GRU state before it, `first` [T, N] the episode starts
+    (`common/nn.py`'s `GRU`), and `memory` [T, N, H] the GRU's output after each step."""
 
     spec: EnvSpec
     hidden_size: int = 64
     activation: str = "tanh"
     cnn: bool = False
+    recurrent: bool = False
 
     @nn.compact
-    def __call__(self, obs):
+    def __call__(self, obs, hidden=None, first=None):
         act = nn.tanh if self.activation == "tanh" else nn.relu
         dense = lambda n, scale: Dense(n, kernel_init=orthogonal(scale))  # noqa: E731
+        memory = None
         if self.cnn:
             x = nn.relu(Conv(16, (3, 3), kernel_init=orthogonal(np.sqrt(2)))(obs))
             x = nn.relu(dense(128, np.sqrt(2))(x.reshape(x.shape[:-3] + (-1,))))
             actor, critic = x, x
+        elif self.recurrent:
+            obs = obs.reshape(obs.shape[:obs.ndim - len(self.spec.obs_shape)] + (-1,))
+            x = act(dense(self.hidden_size, np.sqrt(2))(obs))
         else:
             obs = obs.reshape(obs.shape[:obs.ndim - len(self.spec.obs_shape)] + (-1,))
             actor = act(dense(self.hidden_size, np.sqrt(2))(obs))
             actor = act(dense(self.hidden_size, np.sqrt(2))(actor))
             critic = act(dense(self.hidden_size, np.sqrt(2))(obs))
             critic = act(dense(self.hidden_size, np.sqrt(2))(critic))
+        if self.recurrent:
+            _, memory = GRU(self.hidden_size)(hidden, x, first)
+            actor = act(dense(self.hidden_size, np.sqrt(2))(memory))
+            critic = act(dense(self.hidden_size, np.sqrt(2))(memory))
         value = dense(1, 1.0)(critic).squeeze(-1)
         if self.spec.discrete:
             pi = distrax.Categorical(logits=dense(self.spec.action_dim, 0.01)(actor))
@@ -227,7 +256,7 @@ class ActorCritic(nn.Module):
             mean = dense(self.spec.action_dim, 0.01)(actor)
             log_std = self.param("log_std", nn.initializers.zeros, (self.spec.action_dim,))
             pi = distrax.MultivariateNormalDiag(mean, jnp.exp(log_std) * jnp.ones_like(mean))
-        return pi, value
+        return pi, value, memory
 
 
 class Transition(NamedTuple):
@@ -242,6 +271,8 @@ class Transition(NamedTuple):
     """s'_t before any automatic reset, for the bootstrap value V(s'_t)."""
     behaviour_log_prob: jax.Array
     """log mu(a_t|s_t), recorded by the actor when it acted."""
+    first: jax.Array | None = None
+    """Recurrent: the episode starts, where the GRU resets; None for a feed-forward network."""
 
 
 class TrainState(NamedTuple):
@@ -337,12 +368,13 @@ def make_train(config: Config, live_progress: bool = False):
     Raises `ValueError` for a network the environment cannot take, before anything compiles.
     """
     env, env_params, spec = make_env(config.env_id)
-    if config.network == "cnn" and not spec.image_obs:
-        raise ValueError(f"--network cnn needs image observations (a MinAtar game), but "
-                         f"{config.env_id} observations have shape {spec.obs_shape}; use "
-                         f"--network mlp (or auto).")
-    cnn = config.network == "cnn" or (config.network == "auto" and spec.image_obs)
-    network = ActorCritic(spec, config.hidden_size, config.activation, cnn)
+    if config.torso == "cnn" and not spec.image_obs:
+        raise ValueError(f"--network {config.network} needs image observations (a MinAtar "
+                         f"game), but {config.env_id} observations have shape {spec.obs_shape}; "
+                         f"use --network mlp (or auto, gru).")
+    cnn = config.torso == "cnn" or (config.torso == "auto" and spec.image_obs)
+    recurrent = config.recurrent
+    network = ActorCritic(spec, config.hidden_size, config.activation, cnn, recurrent)
     num_updates, batch_size, lag = config.num_updates, config.batch_size, config.actor_lag
     envs_per_minibatch = config.num_envs // config.num_minibatches
 
@@ -364,11 +396,28 @@ def make_train(config: Config, live_progress: bool = False):
             step = optax.adam(lr, eps=hp.opt_eps)
         return optax.chain(optax.clip_by_global_norm(hp.max_grad_norm), step)
 
-    def loss_fn(params, hp: HParams, obs_stats, batch: Transition):
+    def initial_hidden(num_envs: int):
+        """The GRU state of environments before their first step (None: feed-forward)."""
+        return GRU.initial_state(num_envs, config.hidden_size) if recurrent else None
+
+    def next_values(params, next_obs, memory):
+        """V(s'_t) of the observation each step t led to, before any reset, [T, N]. Recurrent:
+        one more GRU step from its output after s_t (the episode goes on: no reset)."""
+        if not recurrent:
+            return network.apply(params, next_obs)[1]
+        steps, envs = next_obs.shape[:2]
+        as_one_step = lambda x: x.reshape((1, steps * envs) + x.shape[2:])  # noqa: E731
+        _, value, _ = network.apply(params, as_one_step(next_obs), as_one_step(memory)[0],
+                                    jnp.zeros((1, steps * envs), bool))
+        return value.reshape(steps, envs)
+
+    def loss_fn(params, hp: HParams, obs_stats, hidden, batch: Transition):
+        """The loss of a minibatch of trajectories [T, B] starting from GRU states `hidden`
+        [B, H] (None: feed-forward), recomputed with the learner's parameters."""
         norm = (lambda obs: normalize.normalize(obs_stats, obs)) if config.normalize_obs \
             else (lambda obs: obs)
-        pi, v_t = network.apply(params, norm(batch.obs))
-        _, v_tp1 = network.apply(params, norm(batch.next_obs))
+        pi, v_t, memory = network.apply(params, norm(batch.obs), hidden, batch.first)
+        v_tp1 = next_values(params, norm(batch.next_obs), memory)
         return impala_loss(pi.log_prob(batch.action), pi.entropy(), v_t, v_tp1, batch,
                            hp, vtrace_correction=config.vtrace)
 
@@ -376,18 +425,20 @@ def make_train(config: Config, live_progress: bool = False):
         """Fresh parameters, optimiser state and environments for one run."""
         hp = config.hparams() if hparams is None else hparams
         key, key_net, key_env = jax.random.split(key, 3)
-        params = network.init(key_net, jnp.zeros((1,) + spec.obs_shape, jnp.float32))
+        params = network.init(key_net, jnp.zeros((1, 1) + spec.obs_shape, jnp.float32),
+                              initial_hidden(1), jnp.ones((1, 1), bool))
         past_params = jax.tree.map(lambda x: jnp.repeat(x[None], lag, axis=0), params)
         devices = distributed.axis_size()
         if envs_per_minibatch % devices:
             raise ValueError(f"data-parallel IMPALA on {devices} devices needs the environments "
                              f"per minibatch ({envs_per_minibatch}) to divide by {devices}.")
+        num_envs = config.num_envs // devices
         return TrainState(params, past_params, make_optimizer(hp).init(params),
                           normalize.init(spec.obs_shape), normalize.init(()),
-                          reset(env, env_params, distributed.fold_in_device(key_env),
-                                config.num_envs // devices), key)
+                          reset(env, env_params, distributed.fold_in_device(key_env), num_envs,
+                                initial_hidden(num_envs)), key)
 
-    def learn(state: TrainState, hp: HParams, data: Transition, key):
+    def learn(state: TrainState, hp: HParams, data: Transition, key, hidden=None):
         """The learner's step (Sec. 4.2) on one batch of trajectories: `update_epochs` passes
         over `num_minibatches` minibatches of whole trajectories, one SGD step on the V-Trace
         actor-critic loss (`loss_fn`) per minibatch.
@@ -402,17 +453,23 @@ def make_train(config: Config, live_progress: bool = False):
         minibatch's gradient. Permuting only the local environments would need no gather but
         would split differently -- every minibatch would hold equally many trajectories from
         each device -- and the result would depend on D.
+        Recurrent: `hidden` [num_envs, H] holds each trajectory's GRU state at its start (the
+        behaviour policy's own), split with its trajectory; the learner recomputes the GRU
+        from it with its current parameters. None for a feed-forward network.
         Returns `(params, opt_state, info)`, `info` [update_epochs, num_minibatches].
         """
         optimizer = make_optimizer(hp)
         data = distributed.all_gather(data, axis=1)  # data-parallel: every environment, in order
+        hidden = distributed.all_gather(hidden, axis=0)
 
         def epoch(carry, key):
-            def minibatch(carry, batch: Transition):
+            def minibatch(carry, batch):
                 params, opt_state = carry
+                hidden, batch = batch
                 # Data-parallel: each device takes its 1/D of the minibatch's environments.
                 grads, info = jax.grad(loss_fn, has_aux=True)(
-                    params, hp, state.obs_stats, distributed.device_share(batch, axis=1))
+                    params, hp, state.obs_stats, distributed.device_share(hidden, axis=0),
+                    distributed.device_share(batch, axis=1))
                 grads, info = pmean((grads, info))  # average over devices (no-op otherwise)
                 updates, opt_state = optimizer.update(grads, opt_state, params)
                 return (optax.apply_updates(params, updates), opt_state), info
@@ -422,11 +479,31 @@ def make_train(config: Config, live_progress: bool = False):
                 lambda x: jnp.swapaxes(x[:, order].reshape(
                     (config.num_steps, config.num_minibatches, envs_per_minibatch) + x.shape[2:]),
                     0, 1), data)
-            return lax.scan(minibatch, carry, batches)
+            starts = jax.tree.map(  # [num_envs, H] -> [minibatch, envs_per_mb, H]
+                lambda h: h[order].reshape((config.num_minibatches, envs_per_minibatch)
+                                           + h.shape[1:]), hidden)
+            return lax.scan(minibatch, carry, (starts, batches))
 
         (params, opt_state), info = lax.scan(
             epoch, (state.params, state.opt_state), jax.random.split(key, config.update_epochs))
         return params, opt_state, info
+
+    def policy(params, obs_stats):
+        """mu(.|s) under `params`, as `rollout` calls it: `(key, obs, first, hidden) ->
+        (action, log mu(action|s), hidden)`, the GRU stepped once (and reset where `first`);
+        the GRU state it carries is the behaviour policy's own."""
+        def sample(key, obs, first, hidden):
+            if config.normalize_obs:
+                obs = normalize.normalize(obs_stats, obs)
+            if recurrent:  # one time step of the sequence
+                pi, _, memory = network.apply(params, obs[None], hidden, first[None])
+                action, log_prob = pi.sample_and_log_prob(seed=key)
+                return action[0], log_prob[0], memory[0]
+            pi, _, _ = network.apply(params, obs)
+            action, log_prob = pi.sample_and_log_prob(seed=key)
+            return action, log_prob, None
+
+        return sample
 
     def update_step(state: TrainState, hp: HParams, update):
         """One IMPALA iteration: lagged actors collect a batch, the learner learns from it."""
@@ -437,14 +514,9 @@ def make_train(config: Config, live_progress: bool = False):
         behaviour_params = jax.tree.map(lambda x: x[0], state.past_params) if lag \
             else state.params
 
-        def policy(key, obs):
-            if config.normalize_obs:
-                obs = normalize.normalize(state.obs_stats, obs)
-            pi, _ = network.apply(behaviour_params, obs)
-            return pi.sample_and_log_prob(seed=key)
-
-        env_state, traj = rollout(env, env_params, spec, policy, state.env, key_rollout,
-                                  config.num_steps)
+        env_state, traj = rollout(env, env_params, spec,
+                                  policy(behaviour_params, state.obs_stats), state.env,
+                                  key_rollout, config.num_steps)
 
         # REWARD SCALE (optional): divide by the running std of the discounted return
         reward_stats = state.reward_stats
@@ -455,10 +527,10 @@ def make_train(config: Config, live_progress: bool = False):
             env_state = env_state._replace(discounted_return=discounted)
             traj = traj._replace(reward=reward)
         data = Transition(traj.obs, traj.action, traj.reward, traj.terminated, traj.truncated,
-                          traj.next_obs, traj.policy_info)
+                          traj.next_obs, traj.policy_info, traj.first if recurrent else None)
 
         # LEARN: update_epochs passes over minibatches of whole trajectories
-        params, opt_state, info = learn(state, hp, data, key_epochs)
+        params, opt_state, info = learn(state, hp, data, key_epochs, state.env.hidden)
 
         # LAG: the parameters this update started from join the queue, the oldest leave it
         past_params = jax.tree.map(
@@ -485,11 +557,15 @@ def make_train(config: Config, live_progress: bool = False):
         return TrainState(params, past_params, opt_state, obs_stats, reward_stats, env_state,
                           key), metrics
 
-    def act(state: TrainState, obs):
-        """The learner's deterministic policy, for evaluation: the mode of pi(.|obs)."""
+    def act(state: TrainState, obs, first, hidden):
+        """The learner's deterministic policy, for evaluation: `(mode of pi(.|obs), hidden)`,
+        the GRU state carried (and reset where `first`) as in the rollout."""
         if config.normalize_obs:
             obs = normalize.normalize(state.obs_stats, obs)
-        return network.apply(state.params, obs)[0].mode()
+        if recurrent:
+            pi, _, memory = network.apply(state.params, obs[None], hidden, first[None])
+            return pi.mode()[0], memory[0]
+        return network.apply(state.params, obs)[0].mode(), hidden
 
     def run_updates(state: TrainState, hparams: HParams | None, updates):
         """Continue `state` through the updates numbered `updates` (a 1-D int array)."""
@@ -506,7 +582,8 @@ def make_train(config: Config, live_progress: bool = False):
         progress = Progress(f"impala {config.env_id}", num_updates * batch_size)
     # The pieces, for callers that run the updates in chunks (the command line, checkpoints).
     train.init, train.run_updates, train.learn, train.act = init, run_updates, learn, act
-    train.progress = progress
+    train.policy, train.next_values = policy, next_values
+    train.initial_hidden, train.progress = initial_hidden, progress
     return train
 
 

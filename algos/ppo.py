@@ -11,7 +11,11 @@ al. (2022), "The 37 Implementation Details of PPO" (ICLR blog track), and matchi
   rollout's values (`clip_vloss`), gradients are clipped by global norm (`max_grad_norm`),
   Adam uses eps=1e-5 and the learning rate is annealed linearly to 0 (`anneal_lr`);
 - separate actor and critic MLPs (64x64 tanh, orthogonal init, policy head scaled 0.01) or a
-  shared small CNN torso for image observations (MinAtar);
+  shared small CNN torso for image observations (MinAtar); optionally a GRU core
+  (`--network gru`) whose state is reset at every episode start and recomputed in the update
+  from the state stored at the rollout's start, minibatches splitting environments, never time
+  (truncated backpropagation through time, as in recurrent PPO implementations since OpenAI
+  Baselines' `ppo2` with `nminibatches` over environments);
 - a time-limit truncation bootstraps from the final observation instead of being treated as
   a terminal state (Pardo et al. 2018, arXiv:1712.00378) -- see `common/gae.py`;
 - optional early stop of an update's epochs when the approximate KL exceeds `target_kl`.
@@ -43,7 +47,7 @@ from common.distributed import pmean
 from common.envs import EnvSpec, check_env_id, make_env
 from common.gae import gae
 from common.minibatch import flat_optimizer, sgd_scan, shuffled_minibatches
-from common.nn import Conv, Dense, orthogonal
+from common.nn import GRU, Conv, Dense, orthogonal
 from common.rollout import EnvState, finished_episode_stats, reset, rollout
 from common.validate import check_fields, one_of, optional_positive, require
 
@@ -102,9 +106,11 @@ class Config:
     """Width of the two hidden layers of the actor and critic MLPs."""
     activation: Literal["tanh", "relu"] = "tanh"
     """Activation of the MLPs (the CNN torso always uses ReLU)."""
-    network: Literal["auto", "mlp", "cnn"] = "auto"
+    network: Literal["auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru"] = "auto"
     """Torso: `auto` picks the CNN for image observations (MinAtar) and the MLPs otherwise;
-    `mlp` flattens images into the MLPs (PureJaxRL's MinAtar baseline, much cheaper on a CPU)."""
+    `mlp` flattens images into the MLPs (PureJaxRL's MinAtar baseline, much cheaper on a CPU).
+    `gru` adds a recurrent core of `hidden_size` units after the `auto` torso (`mlp-gru`,
+    `cnn-gru`: after that torso): a policy with memory, for partially observed tasks."""
 
     def __post_init__(self):  # plain Python: building a Config starts no JAX backend
         check_fields(self, wide=("total_timesteps",))  # types first: ints, finite float32s
@@ -115,11 +121,16 @@ class Config:
         require(self, "nonnegative", "ent_coef", "vf_coef")
         optional_positive(self, "target_kl")
         one_of(self, "activation", ("tanh", "relu"))
-        one_of(self, "network", ("auto", "mlp", "cnn"))
+        one_of(self, "network", ("auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru"))
         if self.batch_size % self.num_minibatches:
             raise ValueError(
                 f"num_envs * num_steps = {self.batch_size} is not divisible by "
                 f"--num-minibatches {self.num_minibatches}; pick sizes that divide.")
+        if self.recurrent and self.num_envs % self.num_minibatches:
+            raise ValueError(
+                f"--network {self.network} splits minibatches by environment (whole sequences), "
+                f"but --num-envs {self.num_envs} is not divisible by --num-minibatches "
+                f"{self.num_minibatches}; pick sizes that divide.")
         if self.total_timesteps < self.batch_size:
             raise ValueError(f"--total-timesteps {self.total_timesteps} is less than one "
                              f"rollout (num_envs * num_steps = {self.batch_size}).")
@@ -128,6 +139,16 @@ class Config:
     @property
     def batch_size(self) -> int:
         return self.num_envs * self.num_steps
+
+    @property
+    def recurrent(self) -> bool:
+        """The network has a GRU core."""
+        return self.network.endswith("gru")
+
+    @property
+    def torso(self) -> str:
+        """`auto`, `mlp` or `cnn`: the network's torso without its recurrent core."""
+        return {"gru": "auto"}.get(self.network, self.network.removesuffix("-gru"))
 
     @property
     def minibatch_size(self) -> int:
@@ -165,27 +186,42 @@ class HParams(NamedTuple):
 class ActorCritic(nn.Module):
     """pi(a|s) and V(s). MLP torso: separate actor and critic MLPs (images flattened). CNN torso:
     one shared CNN (Conv 16 3x3, Dense 128, as the MinAtar baselines, Young & Tian 2019,
-    arXiv:1903.03176) with a policy head and a value head."""
+    arXiv:1903.03176) with a policy head and a value head. Recurrent: the torso (one Dense
+    layer, or the CNN) feeds a GRU, whose output feeds an actor and a critic layer.
+
+    `__call__(obs, hidden=None, first=None) -> (pi, value, memory)`. Feed-forward: `obs` has
+    any leading axes and `memory` is None. Recurrent: `obs` [T, N, ...] is a time-major
+    sequence, `hidden` [N, H] the GRU state before it, `first` [T, N] the episode starts
+    (`common/nn.py`'s `GRU`), and `memory` [T, N, H] the GRU's output after each step."""
 
     spec: EnvSpec
     hidden_size: int = 64
     activation: str = "tanh"
     cnn: bool = False
+    recurrent: bool = False
 
     @nn.compact
-    def __call__(self, obs):
+    def __call__(self, obs, hidden=None, first=None):
         act = nn.tanh if self.activation == "tanh" else nn.relu
         dense = lambda n, scale: Dense(n, kernel_init=orthogonal(scale))  # noqa: E731
+        memory = None
         if self.cnn:
             x = nn.relu(Conv(16, (3, 3), kernel_init=orthogonal(np.sqrt(2)))(obs))
             x = nn.relu(dense(128, np.sqrt(2))(x.reshape(x.shape[:-3] + (-1,))))
             actor, critic = x, x
+        elif self.recurrent:
+            obs = obs.reshape(obs.shape[:obs.ndim - len(self.spec.obs_shape)] + (-1,))
+            x = act(dense(self.hidden_size, np.sqrt(2))(obs))
         else:
             obs = obs.reshape(obs.shape[:obs.ndim - len(self.spec.obs_shape)] + (-1,))
             actor = act(dense(self.hidden_size, np.sqrt(2))(obs))
             actor = act(dense(self.hidden_size, np.sqrt(2))(actor))
             critic = act(dense(self.hidden_size, np.sqrt(2))(obs))
             critic = act(dense(self.hidden_size, np.sqrt(2))(critic))
+        if self.recurrent:
+            _, memory = GRU(self.hidden_size)(hidden, x, first)
+            actor = act(dense(self.hidden_size, np.sqrt(2))(memory))
+            critic = act(dense(self.hidden_size, np.sqrt(2))(memory))
         value = dense(1, 1.0)(critic).squeeze(-1)
         if self.spec.discrete:
             pi = distrax.Categorical(logits=dense(self.spec.action_dim, 0.01)(actor))
@@ -193,7 +229,7 @@ class ActorCritic(nn.Module):
             mean = dense(self.spec.action_dim, 0.01)(actor)
             log_std = self.param("log_std", nn.initializers.zeros, (self.spec.action_dim,))
             pi = distrax.MultivariateNormalDiag(mean, jnp.exp(log_std) * jnp.ones_like(mean))
-        return pi, value
+        return pi, value, memory
 
 
 class PolicyInfo(NamedTuple):
@@ -201,10 +237,13 @@ class PolicyInfo(NamedTuple):
 
     log_prob: jax.Array
     value: jax.Array
+    memory: jax.Array | None
+    """The GRU's output after this step (recurrent), for the bootstrap value; else None."""
 
 
 class Transition(NamedTuple):
-    """One flattened training sample."""
+    """Training samples: one per (step, environment), flattened (feed-forward), or whole
+    sequences [num_envs, T] (recurrent)."""
 
     obs: jax.Array
     action: jax.Array
@@ -215,6 +254,8 @@ class Transition(NamedTuple):
     advantage: jax.Array
     ret: jax.Array
     """The GAE return target, advantage + value."""
+    first: jax.Array | None = None
+    """Recurrent: the episode starts, where the GRU resets; None for a feed-forward network."""
 
 
 class TrainState(NamedTuple):
@@ -297,12 +338,13 @@ def make_train(config: Config, live_progress: bool = False):
     Raises `ValueError` for a network the environment cannot take, before anything compiles.
     """
     env, env_params, spec = make_env(config.env_id)
-    if config.network == "cnn" and not spec.image_obs:
-        raise ValueError(f"--network cnn needs image observations (a MinAtar game), but "
-                         f"{config.env_id} observations have shape {spec.obs_shape}; use "
-                         f"--network mlp (or auto).")
-    cnn = config.network == "cnn" or (config.network == "auto" and spec.image_obs)
-    network = ActorCritic(spec, config.hidden_size, config.activation, cnn)
+    if config.torso == "cnn" and not spec.image_obs:
+        raise ValueError(f"--network {config.network} needs image observations (a MinAtar "
+                         f"game), but {config.env_id} observations have shape {spec.obs_shape}; "
+                         f"use --network mlp (or auto, gru).")
+    cnn = config.torso == "cnn" or (config.torso == "auto" and spec.image_obs)
+    recurrent = config.recurrent
+    network = ActorCritic(spec, config.hidden_size, config.activation, cnn, recurrent)
     num_updates, batch_size = config.num_updates, config.batch_size
 
     def learning_rate(hp: HParams, update):
@@ -318,9 +360,27 @@ def make_train(config: Config, live_progress: bool = False):
         return flat_optimizer(optax.chain(optax.clip_by_global_norm(hp.max_grad_norm),
                                           optax.adam(lr, eps=hp.opt_eps)))
 
-    def loss_fn(params, hp: HParams, obs_stats, batch: Transition):
+    def initial_hidden(num_envs: int):
+        """The GRU state of environments before their first step (None: feed-forward)."""
+        return GRU.initial_state(num_envs, config.hidden_size) if recurrent else None
+
+    def next_values(params, next_obs, memory):
+        """V(s'_t) of the observation each step t led to, before any reset, [T, N]. Recurrent:
+        one more GRU step from its output after s_t (the episode goes on: no reset)."""
+        if not recurrent:
+            return network.apply(params, next_obs)[1]
+        steps, envs = next_obs.shape[:2]
+        as_one_step = lambda x: x.reshape((1, steps * envs) + x.shape[2:])  # noqa: E731
+        _, value, _ = network.apply(params, as_one_step(next_obs), as_one_step(memory)[0],
+                                    jnp.zeros((1, steps * envs), bool))
+        return value.reshape(steps, envs)
+
+    def loss_fn(params, hp: HParams, obs_stats, minibatch):
+        hidden, batch = minibatch  # recurrent: [envs] start states and [envs, T] sequences
+        if recurrent:  # time-major for the GRU's scan: [T, envs]
+            batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)
         obs = normalize.normalize(obs_stats, batch.obs) if config.normalize_obs else batch.obs
-        pi, value = network.apply(params, obs)
+        pi, value, _ = network.apply(params, obs, hidden, batch.first)
         return ppo_loss(pi.log_prob(batch.action), pi.entropy(), value, batch,
                         clip_coef=hp.clip_coef, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef,
                         norm_adv=config.norm_adv, clip_vloss=config.clip_vloss)
@@ -332,6 +392,10 @@ def make_train(config: Config, live_progress: bool = False):
             raise ValueError(f"data-parallel PPO on {devices} devices needs --num-envs "
                              f"({config.num_envs}) and the minibatch size "
                              f"({config.minibatch_size}) to divide by {devices}.")
+        if recurrent and (config.num_envs // config.num_minibatches) % devices:
+            raise ValueError(f"data-parallel recurrent PPO on {devices} devices needs the "
+                             f"environments per minibatch ({config.num_envs} / "
+                             f"{config.num_minibatches}) to divide by {devices}.")
         return config.num_envs // devices
 
     def init(key, hparams: HParams | None = None) -> TrainState:
@@ -339,15 +403,20 @@ def make_train(config: Config, live_progress: bool = False):
         the same parameters on every device, each device its own environments)."""
         hp = config.hparams() if hparams is None else hparams
         key, key_net, key_env = jax.random.split(key, 3)
-        params = network.init(key_net, jnp.zeros((1,) + spec.obs_shape, jnp.float32))
+        params = network.init(key_net, jnp.zeros((1, 1) + spec.obs_shape, jnp.float32),
+                              initial_hidden(1), jnp.ones((1, 1), bool))
+        num_envs = local_num_envs()
         return TrainState(params, make_optimizer(hp, hp.learning_rate).init(params),
                           normalize.init(spec.obs_shape), normalize.init(()),
-                          reset(env, env_params, distributed.fold_in_device(key_env),
-                                local_num_envs()), key)
+                          reset(env, env_params, distributed.fold_in_device(key_env), num_envs,
+                                initial_hidden(num_envs)), key)
 
-    def learn(state: TrainState, hp: HParams, data: Transition, key, update):
-        """The epochs of minibatch SGD on one global batch `data` (leading axis batch_size),
-        at the learning rate of update number `update`.
+    def learn(state: TrainState, hp: HParams, data: Transition, key, update, hidden=None):
+        """The epochs of minibatch SGD on one global batch `data`, at the learning rate of
+        update number `update`. Feed-forward: `data` holds single samples [batch_size] and
+        `hidden` is None; recurrent: whole sequences [num_envs, T] and `hidden` [num_envs, H]
+        the GRU state at each one's start, so that a minibatch is a set of environments, their
+        sequences recomputed from their stored start states.
 
         Every device shuffles the same batch with the same key; in data-parallel runs each
         computes the gradient of its 1/D share of every minibatch and `pmean` averages them,
@@ -362,7 +431,7 @@ def make_train(config: Config, live_progress: bool = False):
             # data-parallel: each device's share of a minibatch, gradients averaged (pmean)
             loss = lambda p, batch: loss_fn(  # noqa: E731
                 p, hp, state.obs_stats, distributed.device_share(batch))
-            batches = shuffled_minibatches(key, data, config.num_minibatches)
+            batches = shuffled_minibatches(key, (hidden, data), config.num_minibatches)
             new_params, new_opt_state, info = sgd_scan(loss, optimizer, params, opt_state,
                                                        batches, reduce=pmean)
             if config.target_kl is None:
@@ -380,21 +449,30 @@ def make_train(config: Config, live_progress: bool = False):
             jax.random.split(key, config.update_epochs))
         return params, opt_state, info, ran
 
+    def policy(params, obs_stats):
+        """pi(.|s) under `params`, as `rollout` calls it: `(key, obs, first, hidden) ->
+        (action, PolicyInfo, hidden)`, the GRU stepped once (and reset where `first`)."""
+        def sample(key, obs, first, hidden):
+            if config.normalize_obs:
+                obs = normalize.normalize(obs_stats, obs)
+            if recurrent:  # one time step of the sequence
+                pi, value, memory = network.apply(params, obs[None], hidden, first[None])
+                action, log_prob = pi.sample_and_log_prob(seed=key)
+                return action[0], PolicyInfo(log_prob[0], value[0], memory[0]), memory[0]
+            pi, value, _ = network.apply(params, obs)
+            action, log_prob = pi.sample_and_log_prob(seed=key)
+            return action, PolicyInfo(log_prob, value, None), None
+
+        return sample
+
     def update_step(state: TrainState, hp: HParams, update):
         """One PPO iteration: collect a rollout, compute GAE, run the epochs of minibatch SGD."""
         key, key_rollout, key_epochs = jax.random.split(state.key, 3)
         key_rollout = distributed.fold_in_device(key_rollout)  # data-parallel: own randomness
 
         # COLLECT TRAJECTORIES with the current policy
-        def policy(key, obs):
-            if config.normalize_obs:
-                obs = normalize.normalize(state.obs_stats, obs)
-            pi, value = network.apply(state.params, obs)
-            action, log_prob = pi.sample_and_log_prob(seed=key)
-            return action, PolicyInfo(log_prob, value)
-
-        env_state, traj = rollout(env, env_params, spec, policy, state.env, key_rollout,
-                                  config.num_steps)
+        env_state, traj = rollout(env, env_params, spec, policy(state.params, state.obs_stats),
+                                  state.env, key_rollout, config.num_steps)
 
         # REWARD SCALE (optional): divide by the running std of the discounted return
         reward_stats = state.reward_stats
@@ -409,21 +487,27 @@ def make_train(config: Config, live_progress: bool = False):
         next_obs = traj.next_obs
         if config.normalize_obs:
             next_obs = normalize.normalize(state.obs_stats, next_obs)
-        _, next_value = network.apply(state.params, next_obs)
+        next_value = next_values(state.params, next_obs, traj.policy_info.memory)
         advantage, ret = gae(traj.reward, traj.policy_info.value, next_value,
                              traj.terminated, traj.truncated, hp.gamma, hp.gae_lambda)
         data = Transition(traj.obs, traj.action, traj.policy_info.log_prob,
-                          traj.policy_info.value, advantage, ret)
+                          traj.policy_info.value, advantage, ret,
+                          traj.first if recurrent else None)
         # GATHER (data-parallel): every device gets the global batch, environments in order
         data = distributed.all_gather(data, axis=1)
-        data = jax.tree.map(lambda x: x.reshape((batch_size,) + x.shape[2:]), data)
+        hidden = distributed.all_gather(state.env.hidden, axis=0)  # the rollout's start states
+        if recurrent:  # whole sequences, environment-major [num_envs, T]
+            data = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), data)
+        else:  # single samples [batch_size]
+            data = jax.tree.map(lambda x: x.reshape((batch_size,) + x.shape[2:]), data)
 
         # UPDATE: update_epochs passes over shuffled minibatches
-        params, opt_state, info, ran = learn(state, hp, data, key_epochs, update)
+        params, opt_state, info, ran = learn(state, hp, data, key_epochs, update, hidden)
 
         obs_stats = state.obs_stats
-        if config.normalize_obs:
-            obs_stats = normalize.update(obs_stats, data.obs, axis_name=None)  # global batch
+        if config.normalize_obs:  # global batch
+            obs_stats = normalize.update(obs_stats, data.obs.reshape((-1,) + spec.obs_shape),
+                                         axis_name=None)
 
         # METRICS: one row per update, losses averaged over the minibatches that ran
         ret_sum, len_sum, count = pmean(finished_episode_stats(traj))
@@ -441,11 +525,15 @@ def make_train(config: Config, live_progress: bool = False):
                                      metrics["episodic_return"])
         return TrainState(params, opt_state, obs_stats, reward_stats, env_state, key), metrics
 
-    def act(state: TrainState, obs):
-        """The deterministic policy, for evaluation: the mode of pi(.|obs)."""
+    def act(state: TrainState, obs, first, hidden):
+        """The deterministic policy, for evaluation: `(mode of pi(.|obs), hidden)`, the GRU
+        state carried (and reset where `first`) as in the rollout."""
         if config.normalize_obs:
             obs = normalize.normalize(state.obs_stats, obs)
-        return network.apply(state.params, obs)[0].mode()
+        if recurrent:
+            pi, _, memory = network.apply(state.params, obs[None], hidden, first[None])
+            return pi.mode()[0], memory[0]
+        return network.apply(state.params, obs)[0].mode(), hidden
 
     def run_updates(state: TrainState, hparams: HParams | None, updates):
         """Continue `state` through the updates numbered `updates` (a 1-D int array)."""
@@ -462,7 +550,8 @@ def make_train(config: Config, live_progress: bool = False):
         progress = Progress(f"ppo {config.env_id}", num_updates * batch_size)
     # The pieces, for callers that run the updates in chunks (the command line, checkpoints).
     train.init, train.run_updates, train.learn, train.act = init, run_updates, learn, act
-    train.progress = progress
+    train.policy, train.next_values = policy, next_values
+    train.initial_hidden, train.progress = initial_hidden, progress
     return train
 
 

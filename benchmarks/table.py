@@ -67,12 +67,12 @@ def random_return(env_id: str, num_envs: int = 64, num_steps: int = 4000) -> flo
 
     env, env_params, spec = make_env(env_id)
 
-    def policy(key, obs):
+    def policy(key, obs, first, hidden):
         if spec.discrete:
-            return jax.random.randint(key, obs.shape[:1], 0, spec.action_dim), None
+            return jax.random.randint(key, obs.shape[:1], 0, spec.action_dim), None, hidden
         return jax.random.uniform(key, obs.shape[:1] + (spec.action_dim,),
                                   minval=np.array(spec.action_low),
-                                  maxval=np.array(spec.action_high)), None
+                                  maxval=np.array(spec.action_high)), None, hidden
 
     @jax.jit
     def run(key):

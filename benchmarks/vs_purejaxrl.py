@@ -2,6 +2,13 @@
 
     git clone https://github.com/luchris429/purejaxrl /tmp/purejaxrl   # not vendored here
     python benchmarks/vs_purejaxrl.py --reference /tmp/purejaxrl/purejaxrl --repeats 5
+    python benchmarks/vs_purejaxrl.py --reference /tmp/purejaxrl/purejaxrl --recurrent
+
+`--recurrent` compares recurrent PPO with PureJaxRL's `ppo_rnn.py` instead, on its own config
+(CartPole, 4 envs x 128 steps, a 128-unit GRU after a 128-unit ReLU embedding, 128-unit ReLU
+heads): ours with `--network gru --hidden-size 128 --activation relu`. The one difference in
+work is ours: a truncated episode bootstraps from V of its final observation (one more GRU
+step per transition, in parallel), where `ppo_rnn.py` treats every `done` as terminal.
 
 Both run in this one process, `jit(vmap(train))` over the same number of seeds, compiled
 first, then timed in alternation (ours, theirs, ours, ...) so that machine noise hits both
@@ -22,7 +29,9 @@ process to one core, which also leaves a one-thread pool.
 PureJaxRL targets the gymnax 0.0.x step API (`done` in one flag); a small adapter below gives it
 that view of gymnax 1.0 (`done = terminated or truncated`, PureJaxRL's own semantics), and
 stub modules stand in for the optional `brax`/`navix` imports of its `wrappers.py`, which the
-CartPole path never uses.
+CartPole path never uses. `ppo_rnn.py` calls flax's `GRUCell` as flax 0.7 did (no `features`,
+`initialize_carry(key, batch, size)`); the adapter supplies the 128 units and the zero carry
+that call meant.
 """
 
 import argparse
@@ -58,7 +67,7 @@ class OldStepApi:
         return obs, state, reward, jax.numpy.logical_or(terminated, truncated), info
 
 
-def load_reference(path):
+def load_reference(path, file: str = "ppo.py"):
     for name in ("brax", "brax.envs", "brax.envs.wrappers", "brax.envs.wrappers.training", "navix"):
         stub = sys.modules.setdefault(name, types.ModuleType(name))
         stub.__dict__.setdefault("EpisodeWrapper", object)
@@ -67,11 +76,18 @@ def load_reference(path):
     import gymnax
 
     make = gymnax.make
-    spec = importlib.util.spec_from_file_location("purejaxrl_ppo", os.path.join(path, "ppo.py"))
+    spec = importlib.util.spec_from_file_location(f"purejaxrl_{file[:-3]}",
+                                                  os.path.join(path, file))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.gymnax = types.SimpleNamespace(
         make=lambda env_id, **kw: (lambda e, p: (OldStepApi(e), p))(*make(env_id, **kw)))
+    if hasattr(module, "ScannedRNN"):  # ppo_rnn.py calls GRUCell with the flax 0.7 API
+        import flax.linen as nn
+
+        module.nn = types.SimpleNamespace(**{**vars(nn), "GRUCell": lambda: nn.GRUCell(128)})
+        module.ScannedRNN.initialize_carry = staticmethod(
+            lambda batch_size, hidden_size: jax.numpy.zeros((batch_size, hidden_size)))
     return module
 
 
@@ -83,8 +99,13 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0,
                         help="XLA:CPU thread-pool size (NPROC) for both; 0: XLA's default")
-    parser.add_argument("--out", default="benchmarks/results/vs_purejaxrl.json")
+    parser.add_argument("--recurrent", action="store_true",
+                        help="recurrent PPO against PureJaxRL's ppo_rnn.py")
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/"
+                        "vs_purejaxrl.json (vs_purejaxrl_rnn.json with --recurrent)")
     args = parser.parse_args()
+    if args.out is None:
+        args.out = "benchmarks/results/vs_purejaxrl" + ("_rnn" if args.recurrent else "") + ".json"
     if args.threads < 0:
         parser.error(f"--threads must be >= 0, got {args.threads}")
     if args.threads:
@@ -93,8 +114,9 @@ def main():
             parser.error("--threads: JAX's CPU backend has already started in this process")
         os.environ["NPROC"] = str(args.threads)  # read when the backend starts, below
 
-    config = Config(total_timesteps=args.total_timesteps)
-    reference = load_reference(args.reference)
+    recurrent = dict(network="gru", hidden_size=128, activation="relu") if args.recurrent else {}
+    config = Config(total_timesteps=args.total_timesteps, **recurrent)
+    reference = load_reference(args.reference, "ppo_rnn.py" if args.recurrent else "ppo.py")
     ref_config = {
         "LR": config.learning_rate, "NUM_ENVS": config.num_envs, "NUM_STEPS": config.num_steps,
         "TOTAL_TIMESTEPS": config.total_timesteps, "UPDATE_EPOCHS": config.update_epochs,
@@ -132,7 +154,7 @@ def main():
             if name == "ours":
                 returns[name] = final_return(out[1]["episodic_return"])
             else:
-                info = out["metrics"]
+                info = out["metric" if args.recurrent else "metrics"]
                 per_update = np.nansum(np.where(info["returned_episode"], info["returned_episode_returns"], 0), axis=(-2, -1)) \
                     / np.sum(info["returned_episode"], axis=(-2, -1))
                 returns[name] = final_return(per_update)
@@ -150,6 +172,7 @@ def main():
     with open(args.out, "w") as f:
         json.dump({"command": " ".join(sys.argv), "commit": source_commit(), "jax": jax.__version__,
                    "threads": args.threads or "default", "cpus": cpus,
+                   "recurrent": args.recurrent,
                    "seeds": args.seeds, "sps": sps, "compile_s": compile_s,
                    "final_return": {k: np.asarray(v).tolist() for k, v in returns.items()}}, f, indent=1)
 

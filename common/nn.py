@@ -1,4 +1,5 @@
-"""The layers all three algorithms build their networks from: `Dense`, `Conv`, `orthogonal`.
+"""The layers all three algorithms build their networks from: `Dense`, `Conv`, `orthogonal`,
+and the recurrent core `GRU`.
 
 Each is a drop-in for its flax counterpart (the same parameter names, shapes, initialisation
 and outputs, to float rounding); they differ only in how XLA runs them.
@@ -20,6 +21,9 @@ and outputs, to float rounding); they differ only in how XLA runs them.
       y[..., i, j, f] = b[f] + sum_{di, dj, c} x_pad[..., i + di, j + dj, c] K[di, dj, c, f].
   XLA:CPU runs a convolution inside a training loop slowly, and a vmapped one (a kernel per
   seed) as a grouped convolution, slower still; a matrix product batches well.
+- `GRU`: `flax.linen.GRUCell` (Cho et al. 2014, arXiv:1406.1078) scanned over a leading time
+  axis, its state reset to zeros at the first step of every episode, with the gates' products
+  batched (below).
 """
 
 import functools
@@ -109,3 +113,60 @@ class Conv(nn.Module):
                             (*self.kernel_size, x.shape[-1], self.features))
         bias = self.param("bias", self.bias_init, (self.features,))
         return conv_same(x, kernel, bias)
+
+
+class GRU(nn.Module):
+    """A GRU core over time-major sequences, reset at episode starts:
+
+        h_t = GRUCell(0 if first_t else h_{t-1}, x_t),   output y_t = h_t
+        r = s(x W_ir + b_ir + h W_hr),  z = s(x W_iz + b_iz + h W_hz)
+        n = tanh(x W_in + b_in + r (h W_hn + b_hn)),  GRUCell(h, x) = (1 - z) n + z h
+
+    (`flax.linen.GRUCell`'s equations and initialisation: LeCun-normal input kernels,
+    orthogonal recurrent ones, zero biases.) `__call__(hidden, x, first)`: `hidden` [N, H] is
+    h_{-1}, the state the sequence starts from; `x` [T, N, F] the inputs; `first` [T, N] bool
+    marks x_t as the first observation of an episode. Returns `(h_{T-1}, y)`, y [T, N, H].
+    Acting is the case T = 1; the update recomputes a whole rollout from the state stored at
+    its start, which gives the same values (truncated backpropagation through time).
+
+    For speed the three gates' kernels are stored side by side (`input_kernel` [F, 3H],
+    `recurrent_kernel` [H, 3H]) and the input products of all T steps are one matrix product
+    before the loop, so a step of the loop is one [N, H] x [H, 3H] product and elementwise
+    work. A step of flax's cell is six products and their sums: on XLA:CPU, where a loop step
+    this small costs about as much per kernel as per flop, it ran recurrent PPO's update at
+    less than half the speed.
+    """
+
+    features: int
+
+    @staticmethod
+    def initial_state(num_envs: int, features: int):
+        """h for environments that have not started an episode yet: zeros [num_envs, H]."""
+        return jnp.zeros((num_envs, features), jnp.float32)
+
+    @nn.compact
+    def __call__(self, hidden, x, first):
+        h_size = self.features
+
+        def gates_orthogonal(key, shape, dtype=jnp.float32):  # each gate's [H, H] block
+            return jnp.concatenate([orthogonal()(k, (h_size, h_size), dtype)
+                                    for k in jax.random.split(key, 3)], axis=1)
+
+        w_i = self.param("input_kernel", nn.initializers.lecun_normal(),
+                         (x.shape[-1], 3 * h_size))
+        b_i = self.param("input_bias", nn.initializers.zeros, (3 * h_size,))
+        w_h = self.param("recurrent_kernel", gates_orthogonal, (h_size, 3 * h_size))
+        b_hn = self.param("recurrent_bias", nn.initializers.zeros, (h_size,))
+        x_gates = matmul(x, w_i) + b_i  # [T, N, 3H]: every step's input products at once
+
+        def step(h, inputs):
+            x_t, first_t = inputs
+            h = jnp.where(first_t[:, None], jnp.zeros_like(h), h)
+            h_gates = matmul(h, w_h)
+            r = nn.sigmoid(x_t[:, :h_size] + h_gates[:, :h_size])
+            z = nn.sigmoid(x_t[:, h_size:2 * h_size] + h_gates[:, h_size:2 * h_size])
+            n = jnp.tanh(x_t[:, 2 * h_size:] + r * (h_gates[:, 2 * h_size:] + b_hn))
+            h = (1.0 - z) * n + z * h
+            return h, h
+
+        return lax.scan(step, hidden, (x_gates, first))

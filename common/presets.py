@@ -55,6 +55,23 @@ PRESETS = {
                                                  opt_eps=1e-5, ent_coef=0.0,
                                                  normalize_obs=True),
 }
+# Partially observed tasks: a GRU core. Velocity-hidden CartPole with PPO: PureJaxRL's
+# `ppo_rnn.py` settings (its CartPole config: 4 envs x 128 steps, 4 minibatches of whole
+# sequences, 4 epochs, lr 2.5e-4 annealed, a 128-unit GRU with 128-unit ReLU layers).
+PRESETS[("ppo", "MaskedCartPole-v1")] = dict(total_timesteps=1_000_000, network="gru",
+                                             hidden_size=128, activation="relu")
+# A2C and IMPALA: the file's CartPole settings with a 128-unit GRU.
+PRESETS[("a2c", "MaskedCartPole-v1")] = dict(total_timesteps=1_000_000, network="gru",
+                                             hidden_size=128, activation="relu")
+PRESETS[("impala", "MaskedCartPole-v1")] = dict(total_timesteps=1_000_000, actor_lag=1,
+                                                network="gru", hidden_size=128,
+                                                activation="relu")
+# bsuite's MemoryChain (recall the context bit shown at the start, gymnax's default memory
+# length 5): the same networks, a shorter budget.
+for _algo, _extra in (("ppo", {}), ("a2c", {}), ("impala", dict(actor_lag=1))):
+    PRESETS[(_algo, "MemoryChain-bsuite")] = dict(total_timesteps=200_000, network="gru",
+                                                  hidden_size=128, activation="relu", **_extra)
+
 for _game in MINATAR:
     # PPO on MinAtar: PureJaxRL's MinAtar settings (64 envs x 128 steps, 8 minibatches,
     # 4 epochs, lr 5e-3 annealed); the CNN is chosen automatically for image observations.

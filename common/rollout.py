@@ -5,6 +5,10 @@ ended in two flags, `terminated` (a terminal state: no bootstrap) and `truncated
 limit: bootstrap from the observation the step really reached, `info["final_observation"]`).
 The rollout keeps the two apart and records that final observation as `next_obs`, so the
 advantage functions (`common/gae.py`, `common/vtrace.py`) can treat time limits correctly.
+
+A recurrent policy's state rides in the same carry (`EnvState.hidden`, one per environment):
+the policy gets it with a flag `first` that marks the first observation of an episode, and
+resets it there itself, so a state never leaks across an automatic reset.
 """
 
 from typing import Any, Callable, NamedTuple
@@ -30,6 +34,9 @@ class EnvState(NamedTuple):
     discounted_return: jax.Array
     """Discounted return of each environment's current episode, [num_envs]: kept by the
     optional reward normalisation (`common/normalize.py`), carried unchanged by `rollout`."""
+    hidden: Any = None
+    """The policy's recurrent state for each environment, a pytree with leading axis
+    [num_envs] (None for a feed-forward policy): what the policy returned at the last step."""
 
 
 class Trajectory(NamedTuple):
@@ -37,6 +44,8 @@ class Trajectory(NamedTuple):
 
     obs: jax.Array
     """s_t, the observation the action was chosen from."""
+    first: jax.Array
+    """bool: s_t is the first observation of an episode (a reset came before it)."""
     action: jax.Array
     """a_t as the policy produced it (before clipping to a Box space's bounds)."""
     reward: jax.Array
@@ -55,13 +64,14 @@ class Trajectory(NamedTuple):
     """Length of the episode that ended at step t; meaningful only where it ended."""
 
 
-def reset(env, env_params, key, num_envs: int) -> EnvState:
-    """Reset `num_envs` environments with independent keys."""
+def reset(env, env_params, key, num_envs: int, hidden=None) -> EnvState:
+    """Reset `num_envs` environments with independent keys; `hidden`: a recurrent policy's
+    initial state, leading axis [num_envs] (None for a feed-forward policy)."""
     obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
         jax.random.split(key, num_envs), env_params)
     zeros = jnp.zeros((num_envs,), jnp.float32)
     return EnvState(env_state, obs.astype(jnp.float32), zeros, jnp.zeros((num_envs,), jnp.int32),
-                    zeros)
+                    zeros, hidden)
 
 
 def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, key,
@@ -70,8 +80,11 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
 
     Args:
       env, env_params, spec: from `common.envs.make_env`.
-      policy: `policy(key, obs) -> (action, policy_info)` for a batch `obs` [num_envs, ...];
-        `policy_info` is any pytree with leading axis [num_envs] (e.g. log-prob and value).
+      policy: `policy(key, obs, first, hidden) -> (action, policy_info, hidden)` for a batch
+        `obs` [num_envs, ...], `first` [num_envs] bool (obs starts an episode) and the
+        recurrent state `state.hidden` (None for a feed-forward policy, which returns it
+        unchanged); `policy_info` is any pytree with leading axis [num_envs] (e.g. log-prob
+        and value).
       state: the `EnvState` to continue from.
       key: PRNG key for action sampling and environment steps.
       num_steps: T, the rollout length (static).
@@ -85,7 +98,8 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
 
     def one_step(state: EnvState, key):
         key_act, key_env = jax.random.split(key)
-        action, policy_info = policy(key_act, state.obs)
+        first = state.episode_length == 0
+        action, policy_info, hidden = policy(key_act, state.obs, first, state.hidden)
         env_action = to_env_action(action, spec, action_shape)
         obs, env_state, reward, terminated, truncated, info = step_env(
             jax.random.split(key_env, num_envs), state.env_state, env_action, env_params)
@@ -96,13 +110,13 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
         episode_return = state.episode_return + reward
         episode_length = state.episode_length + 1
         transition = Trajectory(
-            obs=state.obs, action=action, reward=reward, terminated=terminated,
+            obs=state.obs, first=first, action=action, reward=reward, terminated=terminated,
             truncated=truncated, next_obs=info["final_observation"].astype(jnp.float32),
             policy_info=policy_info, episode_return=episode_return,
             episode_length=episode_length)
         state = EnvState(env_state, obs.astype(jnp.float32),
                          jnp.where(done, 0.0, episode_return), jnp.where(done, 0, episode_length),
-                         state.discounted_return)
+                         state.discounted_return, hidden)
         return state, transition
 
     # = lax.scan(one_step, ...), with the carry and the transitions packed (speed on CPU only)

@@ -43,9 +43,10 @@ class TinyRun:
     hparams, so that each compiles once.
     """
 
-    def __init__(self, algo: str):
+    def __init__(self, algo: str, **overrides):
         self.module = importlib.import_module(f"algos.{algo}")
-        self.config = self.module.Config(env_id="CartPole-v1", **TINY_RUNS[algo])
+        self.config = self.module.Config(**{"env_id": "CartPole-v1", **TINY_RUNS[algo],
+                                            **overrides})
         self.hp = self.config.hparams()
         self.train = self.module.make_train(self.config, live_progress=True)
         self.train.progress.stream = io.StringIO()
@@ -61,9 +62,14 @@ class TinyRun:
 
 
 @functools.cache
-def tiny_run(algo: str) -> TinyRun:
-    """The `TinyRun` of `algo`, shared by every test of this process."""
-    return TinyRun(algo)
+def tiny_run(algo: str, network: str = "auto") -> TinyRun:
+    """The `TinyRun` of `algo`, shared by every test of this process; `network="gru"`: the
+    same run with a small recurrent network on velocity-hidden CartPole (`GRU_RUN`)."""
+    return TinyRun(algo, **(GRU_RUN if network == "gru" else {}))
+
+
+GRU_RUN = dict(env_id="MaskedCartPole-v1", network="gru", hidden_size=16)
+"""What `tiny_run(algo, "gru")` changes."""
 
 
 def initial_state(algo: str, num_seeds: int = 1, **overrides):

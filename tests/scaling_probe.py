@@ -122,6 +122,7 @@ def check_learn_a2c():
     state = with_obs_stats(jax.jit(train.init)(jax.random.PRNGKey(0)))
     shape = (config.num_steps, config.num_envs)
     traj = Trajectory(**random_steps(jax.random.PRNGKey(1), shape), policy_info=None,
+                      first=jnp.zeros(shape, bool),
                       episode_return=jnp.zeros(shape), episode_length=jnp.zeros(shape, jnp.int32))
     want = jax.jit(train.learn)(state, hp, traj)
     for d in (1, 2, 4):

@@ -2,8 +2,8 @@
 
 The `make_train` contract: one row of metrics per update, the same key giving the same numbers,
 a vmapped seed equal to the same seed run alone, a swept hyperparameter equal to the same value
-set in the config, chunked updates equal to one call, progress printed from inside `jit` under
-`vmap`; learning on a small CartPole budget; and the command line: a smoke run and bad input
+set in the config, chunked updates equal to one call (a vmapped seed and chunked updates also
+with a recurrent network), progress printed from inside `jit` under `vmap`; learning on a small CartPole budget; and the command line: a smoke run and bad input
 refused from a real process without a traceback. Each algorithm's own file tests what only it
 has (its loss by hand, IMPALA's actor lag, PPO's annealed step).
 
@@ -41,6 +41,13 @@ SWEEP = {  # the second run of a two-run sweep; the first keeps the config's val
 @pytest.fixture(params=ALGOS)
 def tiny(request):
     return tiny_run(request.param)
+
+
+@pytest.fixture(params=[(a, n) for n in ("auto", "gru") for a in ALGOS],
+                ids=lambda p: "-".join(p))
+def tiny_or_gru(request):
+    """Each algorithm's tiny run, and the same with a recurrent network."""
+    return tiny_run(*request.param)
 
 
 def algo_of(tiny) -> str:
@@ -91,7 +98,8 @@ def test_metrics_have_one_row_per_update_and_are_finite(tiny):
     assert state.env.obs.shape == (3, config.num_envs, 4)
 
 
-def test_same_key_same_result_and_vmapped_seed_equals_single_run(tiny):
+def test_same_key_same_result_and_vmapped_seed_equals_single_run(tiny_or_gru):
+    tiny = tiny_or_gru
     _, metrics = tiny.result
     _, again = tiny.batched(tiny.keys, stacked(tiny.hp, 3))
     for name in metrics:
@@ -126,7 +134,8 @@ def test_a_swept_hyperparameter_equals_the_same_value_set_in_the_config(tiny):
         assert (swept["mean_clipped_rho"][1] <= changed["rho_bar"] + 1e-6).all()
 
 
-def test_chunked_updates_equal_one_call(tiny):
+def test_chunked_updates_equal_one_call(tiny_or_gru):
+    tiny = tiny_or_gru
     n = tiny.config.num_updates
     chunk = next(c for c in range(n // 3, 0, -1) if n % c == 0)
     state, metrics = tiny.single(tiny.keys[0], tiny.hp)

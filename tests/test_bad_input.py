@@ -48,7 +48,9 @@ def files(tmp_path_factory):
             "dir": str(d / "run_without_checkpoint"), "flipped": str(d / "flipped.msgpack"),
             "old_format": str(d / "old.msgpack"), "file": str(d / "a_file"),
             "umbrella": save_initial(d / "umbrella.msgpack", "ppo",
-                                     env_id="UmbrellaChain-bsuite")}
+                                     env_id="UmbrellaChain-bsuite"),
+            "gru": save_initial(d / "gru.msgpack", "a2c", env_id="MaskedCartPole-v1",
+                                network="gru", hidden_size=8)}
 
 
 CATALOGUE = [
@@ -62,6 +64,13 @@ CATALOGUE = [
     ("ppo", ["--network", "cnn"], "--network cnn needs image observations"),
     ("a2c", ["--network", "cnn", "--env-id", "Pendulum-v1"], "--network cnn needs image"),
     ("impala", ["--network", "cnn", "--env-id", "Acrobot-v1"], "--network cnn needs image"),
+    ("ppo", ["--network", "cnn-gru"], "--network cnn-gru needs image observations"),
+    ("impala", ["--network", "cnn-gru", "--env-id", "MaskedPendulum-v1"],
+     "--network cnn-gru needs image"),
+    ("ppo", ["--network", "gru", "--num-envs", "6", "--num-steps", "8"],
+     "--network gru splits minibatches by environment (whole sequences), but --num-envs 6 is "
+     "not divisible by --num-minibatches 4"),
+    ("a2c", ["--network", "lstm"], "invalid choice 'lstm' for argument '--network'"),
     # --- sizes ---
     ("ppo", ["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "not divisible"),
     ("impala", ["--num-envs", "6", "--num-minibatches", "4"], "not divisible"),
@@ -143,6 +152,8 @@ CATALOGUE = [
      "learning_rate: 0.00025 -> 0.1."),
     ("a2c", ["--resume", "{ckpt}"], "'{ckpt}' holds a ppo run; resume it with algos/ppo.py"),
     ("ppo", ["--resume", "{ckpt}", "--normalize-reward"], "normalize_reward: False -> True"),
+    ("a2c", ["--resume", "{gru}", "--network", "mlp"], "network: 'gru' -> 'mlp'"),
+    ("ppo", ["--resume", "{ckpt}", "--network", "gru"], "network: 'auto' -> 'gru'"),
     # --- the evaluate entry point ---
     ("evaluate", ["{missing}"], "no checkpoint file at '{missing}'"),
     ("evaluate", ["{truncated}"], "'{truncated}' is not a readable checkpoint"),

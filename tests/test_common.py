@@ -49,7 +49,7 @@ def test_rollout_keeps_truncation_apart_and_records_final_observation():
     env, env_params, spec = make_env("CartPole-v1")
     env_params = env_params.replace(max_steps_in_episode=5)
     # Keep the pole up: push towards the side the pole leans (never terminates in 5 steps).
-    policy = lambda key, obs: ((obs[:, 2] > 0).astype(jnp.int32), obs[:, 0] * 0)  # noqa: E731
+    policy = lambda key, obs, first, h: ((obs[:, 2] > 0).astype(jnp.int32), obs[:, 0] * 0, h)  # noqa: E731
     state = reset(env, env_params, jax.random.PRNGKey(0), 3)
     state, traj = jax.jit(lambda s, k: rollout(env, env_params, spec, policy, s, k, 12))(
         state, jax.random.PRNGKey(1))
@@ -73,7 +73,7 @@ def test_rollout_keeps_truncation_apart_and_records_final_observation():
 def test_rollout_final_observation_is_the_true_next_state():
     env, env_params, spec = make_env("CartPole-v1")
     env_params = env_params.replace(max_steps_in_episode=3)
-    policy = lambda key, obs: (jnp.zeros(obs.shape[0], jnp.int32), obs[:, 0] * 0)  # noqa: E731
+    policy = lambda key, obs, first, h: (jnp.zeros(obs.shape[0], jnp.int32), obs[:, 0] * 0, h)  # noqa: E731
     state0 = reset(env, env_params, jax.random.PRNGKey(0), 1)
     _, traj = rollout(env, env_params, spec, policy, state0, jax.random.PRNGKey(1), 3)
     # Step the same environment by hand with gymnax's own step_env (no auto-reset).
@@ -86,7 +86,7 @@ def test_rollout_final_observation_is_the_true_next_state():
 
 def test_rollout_terminates_without_truncation_flag():
     env, env_params, spec = make_env("CartPole-v1")
-    policy = lambda key, obs: (jnp.zeros(obs.shape[0], jnp.int32), obs[:, 0] * 0)  # noqa: E731
+    policy = lambda key, obs, first, h: (jnp.zeros(obs.shape[0], jnp.int32), obs[:, 0] * 0, h)  # noqa: E731
     state = reset(env, env_params, jax.random.PRNGKey(0), 2)
     _, traj = rollout(env, env_params, spec, policy, state, jax.random.PRNGKey(1), 40)
     assert traj.terminated.any()  # always pushing left drops the pole within ~10 steps
@@ -510,9 +510,9 @@ def test_masked_tasks_hide_the_velocities(masked, base, keep):
     full_env, full_params, full_spec = make_env(base)
     assert spec.obs_shape == (2,) and full_spec.obs_shape[0] in (3, 4)
     assert spec.discrete == full_spec.discrete and spec.action_dim == full_spec.action_dim
-    policy = lambda key, obs: (jax.random.randint(key, (obs.shape[0],), 0, 2) if spec.discrete  # noqa: E731
-                               else jax.random.uniform(key, (obs.shape[0], 1), minval=-2,
-                                                       maxval=2), None)
+    policy = lambda key, obs, first, h: (  # noqa: E731
+        jax.random.randint(key, (obs.shape[0],), 0, 2) if spec.discrete
+        else jax.random.uniform(key, (obs.shape[0], 1), minval=-2, maxval=2), None, h)
     key = jax.random.PRNGKey(0)
     _, traj = rollout(env, params, spec, policy, reset(env, params, key, 4), key, 250)
     _, full = rollout(full_env, full_params, full_spec, policy,

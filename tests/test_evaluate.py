@@ -6,6 +6,7 @@ Checkpoints here hold freshly initialised runs (no training), so nothing big com
 
 import importlib
 import re
+from functools import partial
 
 import jax
 import numpy as np
@@ -23,7 +24,7 @@ def cartpole():
     config, train, state = initial_state("ppo", num_seeds=2)
     env, env_params, spec = make_env(config.env_id)
     run = jax.jit(jax.vmap(lambda s, k: evaluate(
-        lambda obs: train.act(s, obs), env, env_params, spec, k, 8)))
+        partial(train.act, s), env, env_params, spec, k, 8)))
     return config, train, state, run
 
 
@@ -45,7 +46,7 @@ def test_max_steps_cuts_episodes_and_the_policy_is_deterministic(cartpole):
     config, train, state, _ = cartpole
     env, env_params, spec = make_env(config.env_id)
     first = jax.tree.map(lambda x: x[0], state)
-    returns, lengths = jax.jit(lambda k: evaluate(lambda obs: train.act(first, obs), env,
+    returns, lengths = jax.jit(lambda k: evaluate(partial(train.act, first), env,
                                                   env_params, spec, k, 4, max_steps=5))(
         jax.random.PRNGKey(0))
     assert (lengths <= 5).all() and (returns == lengths).all()
@@ -60,7 +61,9 @@ def test_act_is_the_mode_of_the_policy(algo):
     obs = jax.random.normal(jax.random.PRNGKey(1), (64,) + spec.obs_shape)
     network = module.ActorCritic(spec, config.hidden_size, config.activation)
     logits = network.apply(first.params, obs)[0].logits
-    np.testing.assert_array_equal(train.act(first, obs), np.argmax(logits, axis=-1))
+    action, hidden = train.act(first, obs, None, None)
+    assert hidden is None  # feed-forward: no state
+    np.testing.assert_array_equal(action, np.argmax(logits, axis=-1))
 
 
 def test_act_of_a_gaussian_policy_is_its_mean():
@@ -71,7 +74,7 @@ def test_act_of_a_gaussian_policy_is_its_mean():
     first = jax.tree.map(lambda x: x[0], state)
     obs = jax.random.normal(jax.random.PRNGKey(1), (16, 3))
     pi = ActorCritic(spec, config.hidden_size, config.activation).apply(first.params, obs)[0]
-    np.testing.assert_allclose(train.act(first, obs), pi.mean(), rtol=1e-6)
+    np.testing.assert_allclose(train.act(first, obs, None, None)[0], pi.mean(), rtol=1e-6)
 
 
 def test_entry_point_reports_the_same_returns_twice(tmp_path, capsys, cartpole):

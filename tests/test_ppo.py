@@ -150,7 +150,7 @@ def test_learn_is_plain_minibatch_sgd_with_optax_on_the_parameter_tree():
             p, s = carry
 
             def loss(p):
-                pi, value = network.apply(p, batch.obs)
+                pi, value, _ = network.apply(p, batch.obs)
                 return ppo_loss(pi.log_prob(batch.action), pi.entropy(), value, batch,
                                 clip_coef=config.clip_coef, ent_coef=config.ent_coef,
                                 vf_coef=config.vf_coef)[0]

@@ -464,7 +464,8 @@ def compile_programs(s: Session):
 
         env, env_params, spec = make_env(s.config.env_id)
         run_eval = layout.spread(jax.vmap(lambda state, k: evaluate(
-            partial(s.train.act, state), env, env_params, spec, k, run.eval_episodes)[0].mean()),
+            partial(s.train.act, state), env, env_params, spec, k, run.eval_episodes,
+            hidden=s.train.initial_hidden(run.eval_episodes))[0].mean()),
             (layout.state, layout.seeds), layout.seeds)
         run_eval = run_eval.lower(state_shapes, layout.shapes(s.keys, layout.seeds)).compile()
     return run_chunk, run_eval, chunk

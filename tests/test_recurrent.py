@@ -1,0 +1,160 @@
+"""Recurrent policies (`--network gru`) of all three algorithms.
+
+The GRU core against a NumPy loop of its equations; each algorithm's own rollout policy resets
+the state at every episode start (a state leaking across an automatic reset would show) and the
+update's recomputation from the state stored at the rollout's start gives the values recorded
+while acting; evaluation carries the state through an episode. The `make_train` contract with a
+GRU (same key, vmapped seed, chunked updates) is in `test_algorithms.py`, exact resume from the
+command line in `test_checkpoint.py`, bad input in `test_bad_input.py`.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from common.envs import make_env
+from common.evaluate import evaluate, record_episode
+from common.nn import GRU
+from common.rollout import rollout
+from helpers import ALGOS, tiny_run
+
+
+def numpy_gru(p, h, xs, firsts):
+    """The GRU of Cho et al. (2014) as flax's `GRUCell` writes it, one step at a time:
+        r = s(x W_ir + b_ir + h W_hr),  z = s(x W_iz + b_iz + h W_hz)
+        n = tanh(x W_in + b_in + r (h W_hn + b_hn)),  h' = (1 - z) n + z h
+    with h set to 0 before every step whose `first` flag is set. The kernels of the gates r, z,
+    n sit side by side in `GRU`'s parameters."""
+    sig = lambda a: 1.0 / (1.0 + np.exp(-a))  # noqa: E731
+    q = {name: np.asarray(v, np.float64) for name, v in p["params"].items()}
+    w_ir, w_iz, w_in = np.split(q["input_kernel"], 3, axis=1)
+    b_ir, b_iz, b_in = np.split(q["input_bias"], 3)
+    w_hr, w_hz, w_hn = np.split(q["recurrent_kernel"], 3, axis=1)
+    h, out = np.asarray(h, np.float64), []
+    for x, first in zip(np.asarray(xs, np.float64), np.asarray(firsts)):
+        h = np.where(first[:, None], 0.0, h)
+        r = sig(x @ w_ir + b_ir + h @ w_hr)
+        z = sig(x @ w_iz + b_iz + h @ w_hz)
+        n = np.tanh(x @ w_in + b_in + r * (h @ w_hn + q["recurrent_bias"]))
+        h = (1.0 - z) * n + z * h
+        out.append(h)
+    return h, np.stack(out)
+
+
+def test_gru_matches_its_equations_and_resets_where_an_episode_starts():
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    steps, envs, features, width = 7, 3, 5, 4
+    xs = jax.random.normal(keys[0], (steps, envs, features))
+    h0 = jax.random.normal(keys[1], (envs, width))
+    firsts = jnp.zeros((steps, envs), bool).at[3, 0].set(True).at[5, 2].set(True)
+    gru = GRU(width)
+    params = gru.init(keys[2], h0, xs, firsts)
+    params = jax.tree.map(  # biases away from their zero init, so that they are checked too
+        lambda x: x + 0.3 * jax.random.normal(keys[3], x.shape) if x.ndim == 1 else x, params)
+    for block in np.split(np.asarray(params["params"]["recurrent_kernel"]), 3, axis=1):
+        np.testing.assert_allclose(block.T @ block, np.eye(width), atol=1e-5)  # orthogonal
+    last, ys = jax.jit(gru.apply)(params, h0, xs, firsts)
+    want_last, want = numpy_gru(params, h0, xs, firsts)
+    np.testing.assert_allclose(ys, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(last, want_last, rtol=1e-5, atol=1e-6)
+    # the reset matters: without it, environment 0 from step 3 on is another sequence
+    _, leaked = numpy_gru(params, h0, xs, jnp.zeros_like(firsts))
+    assert np.abs(leaked[3:, 0] - want[3:, 0]).min() > 1e-4
+    np.testing.assert_allclose(leaked[:, 1], want[:, 1], rtol=1e-5, atol=1e-6)  # no reset in 1
+    # a sequence cut in two and continued from the state in between is the same sequence
+    mid, first_half = gru.apply(params, h0, xs[:4], firsts[:4])
+    _, second_half = gru.apply(params, mid, xs[4:], firsts[4:])
+    np.testing.assert_allclose(jnp.concatenate([first_half, second_half]), ys, rtol=1e-6,
+                               atol=1e-7)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_each_policy_resets_at_episode_starts_and_the_update_recomputes_what_it_saw(algo):
+    """The algorithm's own rollout policy on velocity-hidden CartPole, 64 steps (many automatic
+    resets): at every step that starts an episode the GRU output is the one from a zero state,
+    not the one continuing the previous episode's state; and the whole rollout recomputed from
+    the state stored at its start (as the update does) gives the outputs recorded while
+    acting."""
+    run = tiny_run(algo, "gru")
+    env, env_params, spec = make_env(run.config.env_id)
+    state = run.init(run.keys[0], run.hp)
+    network = run.module.ActorCritic(spec, run.config.hidden_size, run.config.activation,
+                                     False, True)
+    policy = run.train.policy(state.params, state.obs_stats)
+
+    def recording(key, obs, first, hidden):  # the algorithm's policy, its new state recorded
+        action, info, hidden = policy(key, obs, first, hidden)
+        return action, (info, hidden), hidden
+
+    _, traj = jax.jit(lambda e, k: rollout(env, env_params, spec, recording, e, k, 64))(
+        state.env, jax.random.PRNGKey(1))
+    info, memory = traj.policy_info
+    starts = np.argwhere(np.asarray(traj.first[1:])) + [1, 0]  # automatic resets only
+    assert len(starts) >= 4
+
+    apply = jax.jit(network.apply)
+    fresh = apply(state.params, traj.obs, jnp.zeros_like(state.env.hidden),
+                  jnp.ones_like(traj.first))[2]          # every step from a zero state
+    steps, envs, width = memory.shape  # every step continuing the previous one (one step each)
+    carried = apply(state.params, traj.obs[1:].reshape(1, (steps - 1) * envs, -1),
+                    memory[:-1].reshape(-1, width), jnp.zeros((1, (steps - 1) * envs), bool))[2]
+    carried = carried.reshape(steps - 1, envs, width)
+    for t, n in starts:
+        np.testing.assert_allclose(memory[t, n], fresh[t, n], rtol=1e-5, atol=1e-6)
+        assert np.abs(memory[t, n] - carried[t - 1, n]).max() > 1e-3, "a reset changes nothing"
+
+    pi, value, recomputed = apply(state.params, traj.obs, state.env.hidden, traj.first)
+    np.testing.assert_allclose(recomputed, memory, rtol=1e-5, atol=1e-6)
+    if algo == "ppo":  # the values and log-probabilities the update starts from
+        np.testing.assert_allclose(value, info.value, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(pi.log_prob(traj.action), info.log_prob, rtol=1e-5,
+                                   atol=1e-6)
+    if algo == "impala":  # log mu(a|s), the V-Trace ratios' denominator
+        np.testing.assert_allclose(pi.log_prob(traj.action), info, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "impala"])
+def test_with_a_zero_learning_rate_the_learner_sees_the_policy_that_acted(algo):
+    """No step changes the parameters, so the learner's recomputed policy over every minibatch
+    of whole sequences must be the one that acted: KL(acting || learner) = 0 in every update
+    (a GRU state not reset, or not recomputed from the stored start, would show here)."""
+    run = tiny_run(algo, "gru")
+    frozen = run.hp._replace(learning_rate=jnp.float32(0))
+    state = run.init(run.keys[0], frozen)
+    sharper = {f: jax.tree.map(lambda x: 4.0 * x, getattr(state, f))  # far from uniform: a
+               for f in ("params", "past_params") if hasattr(state, f)}  # mistake would show
+    _, metrics = run.run_updates(state._replace(**sharper), frozen, jnp.arange(4))
+    assert np.abs(np.asarray(metrics["approx_kl"])).max() < 1e-6
+    if algo == "ppo":
+        np.testing.assert_array_equal(metrics["clipfrac"], 0.0)
+    else:
+        np.testing.assert_allclose(metrics["mean_clipped_rho"], 1.0, atol=1e-5)
+
+
+def test_evaluation_carries_the_state_through_the_episode():
+    run = tiny_run("ppo", "gru")
+    env, env_params, spec = make_env(run.config.env_id)
+    state = run.init(run.keys[0], run.hp)
+    obs = jax.random.normal(jax.random.PRNGKey(2), (5, 3, 2))
+    first = jnp.zeros((5, 3), bool).at[0].set(True)
+    # act step by step == the network over the whole sequence
+    hidden, actions = run.train.initial_hidden(3), []
+    for t in range(5):
+        action, hidden = run.train.act(state, obs[t], first[t], hidden)
+        actions.append(action)
+    network = run.module.ActorCritic(spec, run.config.hidden_size, run.config.activation,
+                                     False, True)
+    pi, _, memory = network.apply(state.params, obs, run.train.initial_hidden(3), first)
+    np.testing.assert_array_equal(np.stack(actions), pi.mode())
+    np.testing.assert_allclose(hidden, memory[-1], rtol=1e-6)
+
+    returns, lengths = jax.jit(lambda k: evaluate(
+        lambda o, f, h: run.train.act(state, o, f, h), env, env_params, spec, k, 6,
+        hidden=run.train.initial_hidden(6)))(jax.random.PRNGKey(3))
+    np.testing.assert_array_equal(returns, lengths)  # whole CartPole episodes, 1 per step
+    assert (lengths >= 8).all()
+    _, rewards, done = jax.jit(lambda k: record_episode(
+        lambda o, f, h: run.train.act(state, o, f, h), env, env_params, spec, k,
+        hidden=run.train.initial_hidden(1)))(jax.random.PRNGKey(3))
+    assert np.asarray(done).any() and np.isfinite(rewards).all()
