@@ -23,7 +23,8 @@ sys.path.insert(0, ROOT)
 from common.host.logger import final_return  # noqa: E402
 
 ENVS = ["CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCarContinuous-v0",
-        "Breakout-MinAtar", "SpaceInvaders-MinAtar", "Asterix-MinAtar", "Freeway-MinAtar"]
+        "Breakout-MinAtar", "SpaceInvaders-MinAtar", "Asterix-MinAtar", "Freeway-MinAtar",
+        "MaskedCartPole-v1", "MaskedPendulum-v1", "MemoryChain-bsuite"]
 ALGOS = ["ppo", "a2c", "impala"]
 
 CLEANRL = "CleanRL `docs/rl-algorithms/ppo.md` (3 seeds, 5e5 steps)"
@@ -91,12 +92,14 @@ def describe(path):
     name = os.path.basename(path)[:-len(".json")]
     algo, env_id, *tag = name.split("__")
     config = record["config"]
-    cnn = config.get("network", "auto") == "cnn" or (
-        config.get("network", "auto") == "auto" and env_id.endswith("MinAtar"))
+    network = config.get("network", "auto")
+    torso = {"gru": "auto"}.get(network, network.removesuffix("-gru"))
+    cnn = torso == "cnn" or (torso == "auto" and env_id.endswith("MinAtar"))
     final = final_return(np.asarray(record["episodic_return"], float))
     return dict(algo=algo, env_id=env_id, tag=tag[0] if tag else "",
                 where="GPU" if os.sep + "gpu" + os.sep in path else "CPU",
-                network="CNN" if cnn else "MLP", steps=record["global_step"][-1],
+                network=("CNN" if cnn else "MLP") + ("-GRU" if network.endswith("gru") else ""),
+                steps=record["global_step"][-1],
                 seeds=len(final), mean=final.mean(), std=final.std(), worst=final.min(),
                 command=command(record["command"]))
 
