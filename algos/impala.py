@@ -22,8 +22,9 @@ What differs from the paper:
 - the networks of `algos/ppo.py` (separate 64x64 tanh actor and critic MLPs, or the small
   MinAtar CNN), feed-forward or with a GRU core (`--network gru`; the paper's agent has an
   LSTM): the actors carry their own GRU state, the learner recomputes each trajectory from
-  the state the actor had at its start with its current parameters; no reward clipping; optional observation normalisation (the
-  actors use the learner's current statistics: only the network parameters lag);
+  the state the actor had at its start with its current parameters; no reward clipping;
+  optional observation normalisation (the actors use the learner's current statistics: only
+  the network parameters lag);
 - a time-limit truncation bootstraps from the final observation (Pardo et al. 2018,
   arXiv:1712.00378), as in `common/gae.py`.
 `vtrace = False` keeps everything else and drops the correction (`log_rhos = 0`: the

@@ -2,9 +2,9 @@
 
 `evaluate` plays one episode in each of `num_episodes` fresh environments with a deterministic
 policy (each algorithm's `train.act`: the mode of its action distribution, carrying a
-recurrent policy's state through the episode) and returns the undiscounted returns; `record_episode` records one episode for a video. The training command
-line calls `evaluate` between chunks (`--eval-every`), `python -m algos.evaluate` on a saved
-run.
+recurrent policy's state through the episode) and returns the undiscounted returns;
+`record_episode` records one episode for a video. The training command line calls `evaluate`
+between chunks (`--eval-every`), `python -m algos.evaluate` on a saved run.
 """
 
 from typing import Any, Callable, NamedTuple

@@ -1,8 +1,10 @@
 """The layers all three algorithms build their networks from: `Dense`, `Conv`, `orthogonal`,
 and the recurrent core `GRU`.
 
-Each is a drop-in for its flax counterpart (the same parameter names, shapes, initialisation
-and outputs, to float rounding); they differ only in how XLA runs them.
+`orthogonal`, `Dense` and `Conv` are drop-ins for their flax counterparts (the same parameter
+names, shapes, initialisation and outputs, to float rounding); they differ only in how XLA
+runs them. `GRU` has `flax.linen.GRUCell`'s equations, initialisation and outputs, with its
+gates' kernels stored side by side (so its parameter tree is not the cell's).
 
 - `orthogonal(scale)`: `flax.linen.initializers.orthogonal` (Saxe, McClelland, Ganguli 2014,
   arXiv:1312.6120, the initialiser of PPO, A2C and IMPALA implementations since OpenAI

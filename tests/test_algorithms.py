@@ -3,8 +3,9 @@
 The `make_train` contract: one row of metrics per update, the same key giving the same numbers,
 a vmapped seed equal to the same seed run alone, a swept hyperparameter equal to the same value
 set in the config, chunked updates equal to one call (a vmapped seed and chunked updates also
-with a recurrent network), progress printed from inside `jit` under `vmap`; learning on a small CartPole budget; and the command line: a smoke run and bad input
-refused from a real process without a traceback. Each algorithm's own file tests what only it
+with a recurrent network), progress printed from inside `jit` under `vmap`; learning on a
+small CartPole budget; and the command line: a smoke run and bad input refused from a real
+process without a traceback. Each algorithm's own file tests what only it
 has (its loss by hand, IMPALA's actor lag, PPO's annealed step).
 
 The tiny runs are compiled once per test process (`helpers.tiny_run`).

@@ -49,7 +49,8 @@ def test_rollout_keeps_truncation_apart_and_records_final_observation():
     env, env_params, spec = make_env("CartPole-v1")
     env_params = env_params.replace(max_steps_in_episode=5)
     # Keep the pole up: push towards the side the pole leans (never terminates in 5 steps).
-    policy = lambda key, obs, first, h: ((obs[:, 2] > 0).astype(jnp.int32), obs[:, 0] * 0, h)  # noqa: E731
+    policy = lambda key, obs, first, h: (  # noqa: E731
+        (obs[:, 2] > 0).astype(jnp.int32), obs[:, 0] * 0, h)
     state = reset(env, env_params, jax.random.PRNGKey(0), 3)
     state, traj = jax.jit(lambda s, k: rollout(env, env_params, spec, policy, s, k, 12))(
         state, jax.random.PRNGKey(1))
@@ -73,7 +74,8 @@ def test_rollout_keeps_truncation_apart_and_records_final_observation():
 def test_rollout_final_observation_is_the_true_next_state():
     env, env_params, spec = make_env("CartPole-v1")
     env_params = env_params.replace(max_steps_in_episode=3)
-    policy = lambda key, obs, first, h: (jnp.zeros(obs.shape[0], jnp.int32), obs[:, 0] * 0, h)  # noqa: E731
+    policy = lambda key, obs, first, h: (  # noqa: E731
+        jnp.zeros(obs.shape[0], jnp.int32), obs[:, 0] * 0, h)
     state0 = reset(env, env_params, jax.random.PRNGKey(0), 1)
     _, traj = rollout(env, env_params, spec, policy, state0, jax.random.PRNGKey(1), 3)
     # Step the same environment by hand with gymnax's own step_env (no auto-reset).
@@ -86,7 +88,8 @@ def test_rollout_final_observation_is_the_true_next_state():
 
 def test_rollout_terminates_without_truncation_flag():
     env, env_params, spec = make_env("CartPole-v1")
-    policy = lambda key, obs, first, h: (jnp.zeros(obs.shape[0], jnp.int32), obs[:, 0] * 0, h)  # noqa: E731
+    policy = lambda key, obs, first, h: (  # noqa: E731
+        jnp.zeros(obs.shape[0], jnp.int32), obs[:, 0] * 0, h)
     state = reset(env, env_params, jax.random.PRNGKey(0), 2)
     _, traj = rollout(env, env_params, spec, policy, state, jax.random.PRNGKey(1), 40)
     assert traj.terminated.any()  # always pushing left drops the pole within ~10 steps
