@@ -4,6 +4,8 @@ Prints "ok" and exits 0 when every check passes.
 
     python tests/scaling_probe.py learn [ALGO...]    # learn: same params on 1, 2, 4 devices
     python tests/scaling_probe.py update [ALGO...]   # data-parallel updates on 2 devices
+    python tests/scaling_probe.py gru [ALGO...]      # learn on 4 devices and updates on 2,
+                                                     # with --network gru
     python tests/scaling_probe.py api                # parallel.spread_seeds, data_parallel
 """
 
@@ -154,13 +156,113 @@ def check_learn_impala():
         assert_learned_the_same(d, state.params, run(state, hp, data, key), want)
 
 
-def check_update(algo):
+GRU = dict(network="gru", hidden_size=16)
+
+
+def random_sequences(key, config, shape):
+    """A recurrent rollout's extra inputs for `shape` [T, num_envs]: `first` flags that follow
+    the episode ends (the step after one is the first of the next episode), the GRU state at
+    the rollout's start [num_envs, H], and the GRU's outputs at every step [T, num_envs, H]."""
+    k = jax.random.split(key, 3)
+    terminated, truncated = random_episode_ends(k[0], shape)
+    ended = terminated | truncated
+    first = jnp.concatenate([jnp.zeros((1, shape[1]), bool), ended[:-1]])
+    start = jax.random.normal(k[1], (shape[1], config.hidden_size))
+    memory = jax.random.normal(k[2], shape + (config.hidden_size,))
+    return dict(terminated=terminated, truncated=truncated), first, jnp.tanh(start), \
+        jnp.tanh(memory)
+
+
+def check_learn_ppo_gru():
+    """Recurrent PPO's `learn` (minibatches of whole sequences, each recomputed from its stored
+    start state) from the same state on the same global batch [num_envs, T]: the same
+    parameters on 4 devices as without a device axis; each device recomputes its
+    share of a minibatch's environments."""
+    from algos.ppo import Config, Transition, make_train
+
+    config = Config(**TINY, **GRU, normalize_obs=True, target_kl=0.5)
+    train = make_train(config)
+    hp = config.hparams()
+    state = with_obs_stats(jax.jit(train.init)(jax.random.PRNGKey(0)))
+    shape = (config.num_envs, config.num_steps)  # environment-major, as learn takes it
+    k = jax.random.split(jax.random.PRNGKey(1), 6)
+    _, first, hidden, _ = random_sequences(k[5], config, shape[::-1])
+    data = Transition(jax.random.normal(k[0], shape + (4,)) * 2.0 + 1.0,
+                      jax.random.randint(k[1], shape, 0, 2),
+                      jnp.log(0.5) + 0.1 * jax.random.normal(k[2], shape),
+                      jax.random.normal(k[3], shape), jax.random.normal(k[4], shape) * 3.0 + 1.0,
+                      jax.random.normal(k[5], shape), first.T)
+    key, update = jax.random.PRNGKey(2), 3
+    want = jax.jit(train.learn, static_argnums=4)(state, hp, data, key, update, hidden)
+    for d in (4,):
+        run = data_parallel(
+            lambda s, h, b, k, hid: per_device(train.learn(s, h, b, k, update, hid)),
+            jax.devices()[:d], (P(), P(), P(), P(), P()), P(DATA_AXIS))
+        got = run(state, hp, data, key, hidden)
+        assert_learned_the_same(d, state.params, got, want)
+        np.testing.assert_array_equal(got[3][0], want[3])
+
+
+def check_learn_a2c_gru():
+    """Recurrent A2C's `learn` (the GRU recomputed over the rollout from `state.env.hidden`,
+    bootstrapped one step on from the recorded outputs) on a rollout [T, num_envs] whose
+    environments, with their start states, are split across 4 devices."""
+    from algos.a2c import Config, make_train
+    from common.rollout import Trajectory
+
+    config = Config(**{k: v for k, v in TINY.items()
+                       if k not in ("num_minibatches", "update_epochs")},
+                    **GRU, normalize_obs=True, norm_adv=True)
+    train = make_train(config)
+    hp = config.hparams()
+    state = with_obs_stats(jax.jit(train.init)(jax.random.PRNGKey(0)))
+    shape = (config.num_steps, config.num_envs)
+    ends, first, hidden, memory = random_sequences(jax.random.PRNGKey(3), config, shape)
+    traj = Trajectory(**{**random_steps(jax.random.PRNGKey(1), shape), **ends},
+                      policy_info=memory, first=first, episode_return=jnp.zeros(shape),
+                      episode_length=jnp.zeros(shape, jnp.int32))
+    learn = lambda s, h, t, hid: train.learn(  # noqa: E731
+        s._replace(env=s.env._replace(hidden=hid)), h, t)
+    want = jax.jit(learn)(state, hp, traj, hidden)
+    for d in (4,):
+        run = data_parallel(lambda s, h, t, hid: per_device(learn(s, h, t, hid)),
+                            jax.devices()[:d], (P(), P(), P(None, DATA_AXIS), P(DATA_AXIS)),
+                            P(DATA_AXIS))
+        assert_learned_the_same(d, state.params, run(state, hp, traj, hidden), want)
+
+
+def check_learn_impala_gru():
+    """Recurrent IMPALA's `learn` (permuted minibatches of trajectories, each recomputed from
+    its start state) on a batch [T, num_envs] whose environments and start states are split
+    across 4 devices: the same parameters as without a device axis."""
+    from algos.impala import Config, Transition, make_train
+
+    config = Config(**TINY, **GRU, normalize_obs=True)
+    train = make_train(config)
+    hp = config.hparams()
+    state = with_obs_stats(jax.jit(train.init)(jax.random.PRNGKey(0)))
+    shape = (config.num_steps, config.num_envs)
+    ends, first, hidden, _ = random_sequences(jax.random.PRNGKey(3), config, shape)
+    data = Transition(**{**random_steps(jax.random.PRNGKey(1), shape), **ends}, first=first,
+                      behaviour_log_prob=jnp.log(0.5) + 0.3 * jax.random.normal(
+                          jax.random.PRNGKey(4), shape))
+    key = jax.random.PRNGKey(2)
+    want = jax.jit(train.learn)(state, hp, data, key, hidden)
+    for d in (4,):
+        run = data_parallel(lambda s, h, b, k, hid: per_device(train.learn(s, h, b, k, hid)),
+                            jax.devices()[:d],
+                            (P(), P(), P(None, DATA_AXIS), P(), P(DATA_AXIS)), P(DATA_AXIS))
+        assert_learned_the_same(d, state.params, run(state, hp, data, key, hidden), want)
+
+
+def check_update(algo, network="auto"):
     """Data-parallel training on 2 devices (2 seeds vmapped on each): every device ends with
     the same parameters, the devices' environments differ, the metrics are finite."""
     module = importlib.import_module(f"algos.{algo}")
     settings = {k: v for k, v in TINY.items()
                 if algo != "a2c" or k not in ("num_minibatches", "update_epochs")}
-    config = module.Config(**settings, normalize_obs=True)
+    config = module.Config(**settings, normalize_obs=True, network=network,
+                           hidden_size=16 if network == "gru" else 64)
     train = module.make_train(config)
     keys = jax.random.split(jax.random.PRNGKey(0), 2)
 
@@ -178,7 +280,7 @@ def check_update(algo):
     for name, value in metrics.items():
         if name not in ("episodic_return", "episodic_length"):
             assert np.isfinite(value).all(), name
-    print(f"{algo}: data-parallel parameters identical on 2 devices")
+    print(f"{algo} ({network}): data-parallel parameters identical on 2 devices")
 
 
 def check_python_api():
@@ -210,6 +312,13 @@ if __name__ == "__main__":
         for algo in sys.argv[2:] or ("ppo", "a2c", "impala"):
             {"ppo": check_learn_ppo, "a2c": check_learn_a2c, "impala": check_learn_impala}[algo]()
             print(f"{algo} learn: same parameters on 1, 2, 4 devices", flush=True)
+    elif sys.argv[1] == "gru":
+        assert jax.device_count() == 4, jax.devices()
+        for algo in sys.argv[2:] or ("ppo", "a2c", "impala"):
+            {"ppo": check_learn_ppo_gru, "a2c": check_learn_a2c_gru,
+             "impala": check_learn_impala_gru}[algo]()
+            print(f"{algo} gru learn: same parameters on 4 devices", flush=True)
+            check_update(algo, "gru")
     elif sys.argv[1] == "api":
         check_python_api()
     elif sys.argv[1] == "update":

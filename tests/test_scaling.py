@@ -97,6 +97,14 @@ def test_data_parallel_ppo_a2c_impala_keep_parameters_identical_on_every_device(
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
 
 
+def test_recurrent_learn_is_the_same_on_4_devices_and_data_parallel_runs_agree():
+    """`--network gru`: each algorithm's `learn` (sequences recomputed from their stored start
+    states, split with their environments) gives the same parameters on 4 devices as
+    without a device axis, and data-parallel training keeps them identical on every device."""
+    result = run([sys.executable, PROBE, "gru", "ppo", "a2c", "impala"], 300)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
 def test_python_api_spread_seeds_and_data_parallel():
     result = run([sys.executable, PROBE, "api"], 180)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
