@@ -1,0 +1,139 @@
+"""Hyperparameter sweep: seeds x a grid of float hyperparameters, trained in one compiled call.
+
+Every grid point runs the same seeds (seed, seed + 1, ...), so points differ only in their
+hyperparameters. The swept fields are the algorithm's `HParams` (learning rate, discount,
+coefficients, epsilons, ...): they enter the program as traced values, so the whole grid is
+one `jit(vmap(train))`. Structural fields (sizes, network, optimiser) go in `--set`.
+
+    python benchmarks/sweep.py --algo impala --env-id Breakout-MinAtar --seeds 2 \
+        --total-timesteps 1000000 --grid learning_rate=1e-3,3e-3 opt_eps=0.01,1e-5
+
+prints one line per grid point (final return: mean over the last 10% of updates, per seed)
+and writes `benchmarks/results/sweeps/<algo>__<env>__<tag>.json` with every curve.
+"""
+import argparse
+import ast
+import dataclasses
+import importlib
+import itertools
+import json
+import os
+import sys
+import time
+from importlib import metadata
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from benchmarks.configs import settings, source_commit  # noqa: E402
+from common.host.logger import final_return, seed_keys  # noqa: E402
+from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
+
+
+def parse_values(items):
+    """`["field=value", ...]` -> {field: value}, values read as Python literals when they are."""
+    out = {}
+    for item in items:
+        field, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"error: expected FIELD=VALUE, got {item!r}.")
+        try:
+            out[field] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[field] = value
+    return out
+
+
+def parse_grid(items, fields):
+    """`["lr=1e-3,3e-4", "gamma=0.99"]` -> {"lr": [1e-3, 3e-4], "gamma": [0.99]}; every field
+    must be one of `fields` (the algorithm's float hyperparameters)."""
+    grid = {}
+    for item in items:
+        field, sep, values = item.partition("=")
+        if not sep or field not in fields:
+            raise SystemExit(f"error: --grid takes FIELD=V1,V2,... with FIELD one of "
+                             f"{', '.join(fields)}; got {item!r}.")
+        grid[field] = [float(v) for v in values.split(",")]
+    return grid
+
+
+def run_grid(module, config, grid: dict, seeds: int, seed: int = 1):
+    """Train `seeds` runs at every point of `grid` ({field: [values]}, Cartesian product) in
+    one `jit(vmap(train))`. Run `i * seeds + j` is point i with seed `seed + j`.
+    Returns `(points, metrics, compile_s, train_s)`, metrics [points * seeds, num_updates]."""
+    points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+    base = config.hparams()
+    hparams = jax.tree.map(lambda *xs: jnp.repeat(jnp.stack(xs), seeds, axis=0),
+                           *[base._replace(**{k: jnp.float32(v) for k, v in p.items()})
+                             for p in points])
+    keys = jnp.tile(jnp.asarray(seed_keys(seed, seeds)), (len(points), 1))
+    start = time.perf_counter()
+    train = jax.jit(jax.vmap(module.make_train(config))).lower(keys, hparams).compile()
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    _, metrics = jax.block_until_ready(train(keys, hparams))
+    return points, jax.tree.map(np.asarray, metrics), compile_s, time.perf_counter() - start
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--algo", default="ppo", choices=["ppo", "a2c", "impala"])
+    parser.add_argument("--env-id", default="CartPole-v1")
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--total-timesteps", type=int, default=None)
+    parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                        help="structural Config overrides, e.g. --set num_envs=64")
+    parser.add_argument("--grid", nargs="+", required=True, metavar="FIELD=V1,V2",
+                        help="float hyperparameters to sweep (the Cartesian product is run)")
+    parser.add_argument("--tag", default="sweep", help="suffix of the results file name")
+    parser.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results",
+                                                          "sweeps"))
+    args = parser.parse_args()
+
+    module = importlib.import_module(f"algos.{args.algo}")
+    grid = parse_grid(args.grid, module.HParams._fields)
+    cell = {**settings(args.algo, args.env_id), **parse_values(args.set)}
+    if args.total_timesteps is not None:
+        cell["total_timesteps"] = args.total_timesteps
+    try:
+        config = module.Config(env_id=args.env_id, **cell)
+    except (TypeError, ValueError) as e:
+        raise SystemExit(f"error: {e}") from None
+    unroll_threefry_on_cpu()
+    points, metrics, compile_s, train_s = run_grid(module, config, grid, args.seeds, args.seed)
+    returns = np.asarray(metrics["episodic_return"]).reshape(len(points), args.seeds, -1)
+    final = final_return(returns)
+    steps = config.num_updates * config.batch_size
+    print(f"{args.algo} {args.env_id}: {len(points)} points x {args.seeds} seeds x "
+          f"{steps:,} steps | compile {compile_s:.1f}s, train {train_s:.1f}s, "
+          f"{steps * len(points) * args.seeds / train_s:,.0f} SPS (all runs)")
+    for point, row in zip(points, final):
+        label = " ".join(f"{k}={v:g}" for k, v in point.items())
+        print(f"  {label}: mean {row.mean():.2f}, min {row.min():.2f} | per seed "
+              + " ".join(f"{x:.1f}" for x in row))
+
+    record = {
+        "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
+        "commit": source_commit(),
+        "versions": {p: metadata.version(p) for p in ("jax", "jaxlib", "flax", "optax",
+                                                       "distrax", "gymnax")},
+        "config": dataclasses.asdict(config), "grid": grid, "points": points,
+        "seeds": [args.seed + i for i in range(args.seeds)],
+        "compile_s": round(compile_s, 2), "train_s": round(train_s, 2),
+        "global_step": np.asarray(metrics["global_step"])[0].tolist(),
+        "episodic_return": np.round(returns, 2).tolist(),
+        "final_return": np.round(final, 2).tolist(),
+    }
+    os.makedirs(args.out_dir, exist_ok=True)
+    path = os.path.join(args.out_dir, f"{args.algo}__{args.env_id}__{args.tag}.json")
+    with open(path, "w") as f:
+        json.dump(record, f, separators=(",", ":"))
+    print("saved", os.path.relpath(path, ROOT))
+
+
+if __name__ == "__main__":
+    main()

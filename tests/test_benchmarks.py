@@ -1,0 +1,30 @@
+"""The benchmark scripts' own logic (their figures are measured by running them, not here)."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from benchmarks import sweep
+from common.host.logger import seed_keys
+from tests.helpers import tiny_run
+
+
+def test_a_sweep_runs_every_grid_point_with_the_same_seeds_in_order():
+    """`run_grid`'s run i * seeds + j is grid point i trained alone with seed `seed + j`."""
+    tiny = tiny_run("a2c")
+    grid = {"learning_rate": [7e-4, 3e-3], "ent_coef": [0.0, 0.05]}
+    points, metrics, _, _ = sweep.run_grid(tiny.module, tiny.config, grid, seeds=2, seed=5)
+    assert points == [dict(learning_rate=a, ent_coef=b) for a in (7e-4, 3e-3) for b in (0, 0.05)]
+    for i, point in enumerate(points):
+        hp = tiny.hp._replace(**{k: jnp.float32(v) for k, v in point.items()})
+        for j in range(2):
+            _, alone = tiny.single(jnp.asarray(seed_keys(5 + j, 1)[0]), hp)
+            for name in ("value_loss", "entropy"):
+                np.testing.assert_allclose(metrics[name][i * 2 + j], alone[name], rtol=1e-4,
+                                           atol=1e-6, err_msg=f"point {point}, seed {5 + j}")
+    assert not np.allclose(metrics["value_loss"][0], metrics["value_loss"][2])  # points differ
+
+
+def test_a_sweep_refuses_a_field_that_is_not_a_float_hyperparameter():
+    with pytest.raises(SystemExit, match="FIELD one of learning_rate.*got 'num_envs=4,8'"):
+        sweep.parse_grid(["num_envs=4,8"], ("learning_rate", "gamma"))
