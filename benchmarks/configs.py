@@ -10,8 +10,11 @@ NAME`, results saved as `{algo}__{env_id}__{NAME}.json`).
 `source_commit()` is the commit every saved result records.
 """
 
+import ast
+import json
 import os
 import subprocess
+from importlib import metadata
 
 from common.presets import MINATAR, PRESETS as CONFIGS  # noqa: F401  (one place for both)
 
@@ -46,3 +49,33 @@ def source_commit() -> str:
                               ).stdout.strip() or "unknown"
     except OSError:
         return "unknown"
+
+
+def parse_overrides(items) -> dict:
+    """`["field=value", ...]` (a script's `--set`) -> {field: value}, each value read as a
+    Python literal when it is one, else kept as a string."""
+    out = {}
+    for item in items:
+        field, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"error: expected FIELD=VALUE, got {item!r}.")
+        try:
+            out[field] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[field] = value
+    return out
+
+
+def library_versions() -> dict:
+    """The versions of the libraries a result depends on, for its JSON record."""
+    return {p: metadata.version(p) for p in ("jax", "jaxlib", "flax", "optax", "distrax",
+                                             "gymnax")}
+
+
+def save_record(record: dict, out_dir: str, name: str) -> str:
+    """Write one result's JSON record to `out_dir/name.json`; returns the path."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{name}.json")
+    with open(path, "w") as f:
+        json.dump(record, f, separators=(",", ":"))
+    return path

@@ -10,21 +10,19 @@ command, commit and library versions, to `benchmarks/results/{algo}__{env_id}.js
 """
 
 import argparse
-import ast
 import dataclasses
 import importlib
-import json
 import os
 import sys
 import time
-from importlib import metadata
 
 import jax
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from benchmarks.configs import VARIANTS, settings, source_commit  # noqa: E402
+from benchmarks.configs import (VARIANTS, library_versions, parse_overrides,  # noqa: E402
+                                save_record, settings, source_commit)  # noqa: E402
 from common.host.logger import final_return, seed_keys  # noqa: E402
 from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
 
@@ -63,13 +61,7 @@ def main():
     parser.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results"))
     args = parser.parse_args()
 
-    overrides = {}
-    for item in args.set:
-        field, _, value = item.partition("=")
-        try:
-            overrides[field] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            overrides[field] = value
+    overrides = parse_overrides(args.set)
     config, metrics, compile_s, train_s = run_cell(args.algo, args.env_id, args.seeds,
                                                    args.total_timesteps,
                                                    variant=args.variant, **overrides)
@@ -84,20 +76,16 @@ def main():
     record = {
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
         "commit": source_commit(),
-        "versions": {p: metadata.version(p) for p in ("jax", "jaxlib", "flax", "optax",
-                                                       "distrax", "gymnax")},
+        "versions": library_versions(),
         "config": dataclasses.asdict(config),
         "compile_s": round(compile_s, 2), "train_s": round(train_s, 2),
         "global_step": metrics["global_step"][0].tolist(),
         "episodic_return": np.round(metrics["episodic_return"], 2).tolist(),
         "final_return": np.round(final, 2).tolist(),
     }
-    os.makedirs(args.out_dir, exist_ok=True)
     tag = args.tag or args.variant
     tag = f"__{tag}" if tag else ""
-    path = os.path.join(args.out_dir, f"{args.algo}__{args.env_id}{tag}.json")
-    with open(path, "w") as f:
-        json.dump(record, f, separators=(",", ":"))
+    path = save_record(record, args.out_dir, f"{args.algo}__{args.env_id}{tag}")
     print("saved", os.path.relpath(path, ROOT))
 
 

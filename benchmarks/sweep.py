@@ -12,15 +12,12 @@ prints one line per grid point (final return: mean over the last 10% of updates,
 and writes `benchmarks/results/sweeps/<algo>__<env>__<tag>.json` with every curve.
 """
 import argparse
-import ast
 import dataclasses
 import importlib
 import itertools
-import json
 import os
 import sys
 import time
-from importlib import metadata
 
 import jax
 import jax.numpy as jnp
@@ -28,23 +25,10 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from benchmarks.configs import settings, source_commit  # noqa: E402
+from benchmarks.configs import (library_versions, parse_overrides,  # noqa: E402
+                                save_record, settings, source_commit)
 from common.host.logger import final_return, seed_keys  # noqa: E402
 from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
-
-
-def parse_values(items):
-    """`["field=value", ...]` -> {field: value}, values read as Python literals when they are."""
-    out = {}
-    for item in items:
-        field, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"error: expected FIELD=VALUE, got {item!r}.")
-        try:
-            out[field] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            out[field] = value
-    return out
 
 
 def parse_grid(items, fields):
@@ -96,7 +80,7 @@ def main():
 
     module = importlib.import_module(f"algos.{args.algo}")
     grid = parse_grid(args.grid, module.HParams._fields)
-    cell = {**settings(args.algo, args.env_id), **parse_values(args.set)}
+    cell = {**settings(args.algo, args.env_id), **parse_overrides(args.set)}
     if args.total_timesteps is not None:
         cell["total_timesteps"] = args.total_timesteps
     try:
@@ -119,8 +103,7 @@ def main():
     record = {
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
         "commit": source_commit(),
-        "versions": {p: metadata.version(p) for p in ("jax", "jaxlib", "flax", "optax",
-                                                       "distrax", "gymnax")},
+        "versions": library_versions(),
         "config": dataclasses.asdict(config), "grid": grid, "points": points,
         "seeds": [args.seed + i for i in range(args.seeds)],
         "compile_s": round(compile_s, 2), "train_s": round(train_s, 2),
@@ -128,10 +111,7 @@ def main():
         "episodic_return": np.round(returns, 2).tolist(),
         "final_return": np.round(final, 2).tolist(),
     }
-    os.makedirs(args.out_dir, exist_ok=True)
-    path = os.path.join(args.out_dir, f"{args.algo}__{args.env_id}__{args.tag}.json")
-    with open(path, "w") as f:
-        json.dump(record, f, separators=(",", ":"))
+    path = save_record(record, args.out_dir, f"{args.algo}__{args.env_id}__{args.tag}")
     print("saved", os.path.relpath(path, ROOT))
 
 
