@@ -27,6 +27,8 @@ VARIANTS = {
     # The CNN (the default for image observations) at the same 1e6-step budget, to compare
     # with the MLP and with PureJaxRL's MLP figures at that budget.
     "cnn1e6": dict(network="cnn", total_timesteps=1_000_000),
+    # The same MLP at 5e6 steps, the MinAtar paper's budget (Young & Tian 2019).
+    "mlp5e6": dict(network="mlp", activation="relu", total_timesteps=5_000_000),
 }
 
 

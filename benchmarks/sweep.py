@@ -8,8 +8,9 @@ one `jit(vmap(train))`. Structural fields (sizes, network, optimiser) go in `--s
     python benchmarks/sweep.py --algo impala --env-id Breakout-MinAtar --seeds 2 \
         --total-timesteps 1000000 --grid learning_rate=1e-3,3e-3 opt_eps=0.01,1e-5
 
-prints one line per grid point (final return: mean over the last 10% of updates, per seed)
-and writes `benchmarks/results/sweeps/<algo>__<env>__<tag>.json` with every curve.
+prints one line per grid point (final return: mean over the last 10% of updates, per seed;
+and the policy's mean entropy over the same updates, where a premature collapse shows) and
+writes `benchmarks/results/sweeps/<algo>__<env>__<tag>.json` with every curve.
 """
 import argparse
 import dataclasses
@@ -91,14 +92,16 @@ def main():
     points, metrics, compile_s, train_s = run_grid(module, config, grid, args.seeds, args.seed)
     returns = np.asarray(metrics["episodic_return"]).reshape(len(points), args.seeds, -1)
     final = final_return(returns)
+    # The policy's entropy over the same last 10% of updates: a collapse shows up here first.
+    entropy = final_return(np.asarray(metrics["entropy"]).reshape(len(points), args.seeds, -1))
     steps = config.num_updates * config.batch_size
     print(f"{args.algo} {args.env_id}: {len(points)} points x {args.seeds} seeds x "
           f"{steps:,} steps | compile {compile_s:.1f}s, train {train_s:.1f}s, "
           f"{steps * len(points) * args.seeds / train_s:,.0f} SPS (all runs)")
-    for point, row in zip(points, final):
+    for point, row, ent in zip(points, final, entropy):
         label = " ".join(f"{k}={v:g}" for k, v in point.items())
         print(f"  {label}: mean {row.mean():.2f}, min {row.min():.2f} | per seed "
-              + " ".join(f"{x:.1f}" for x in row))
+              + " ".join(f"{x:.1f}" for x in row) + f" | entropy {ent.mean():.2f}")
 
     record = {
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
@@ -110,6 +113,7 @@ def main():
         "global_step": np.asarray(metrics["global_step"])[0].tolist(),
         "episodic_return": np.round(returns, 2).tolist(),
         "final_return": np.round(final, 2).tolist(),
+        "final_entropy": np.round(entropy, 3).tolist(),
     }
     path = save_record(record, args.out_dir, f"{args.algo}__{args.env_id}__{args.tag}")
     print("saved", os.path.relpath(path, ROOT))

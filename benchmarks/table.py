@@ -43,13 +43,13 @@ REFERENCES = {
     "MountainCarContinuous-v0": [("gymnax ES", "92", "gymnax README (evolution strategies, "
                                   "~8e8 steps; its PPO log ends at −0.1)")],
     "Breakout-MinAtar": [("gymnax PPO", "28", GYMNAX + "; its stored log ends at 22.9"),
-                         ("PureJaxRL PPO (MLP)", "≈26 at 1e6 steps", "measured here, issue #7"),
+                         ("PureJaxRL PPO (MLP)", "≈26 at 1e6 steps", "measured for this project"),
                          ("PureJaxRL PPO", "~40", "PureJaxRL `docs/minatar_plot_seconds.png`, "
                           "budget not stated"),
                          ("AC(λ)", "~17.5", MINATAR)],
     "SpaceInvaders-MinAtar": [("gymnax PPO", "131", GYMNAX),
                               ("PureJaxRL PPO (MLP)", "≈78 at 1e6 steps",
-                               "measured here, issue #7"),
+                               "measured for this project"),
                               ("PureJaxRL PPO (MLP)", "~170", "PureJaxRL "
                                "`examples/brax_minatar.ipynb`, 1 seed, 1e7 steps"),
                               ("AC(λ)", "~185", MINATAR)],
