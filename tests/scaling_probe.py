@@ -12,7 +12,8 @@ Prints "ok" and exits 0 when every check passes.
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +  # keeps conftest's flags
+                           " --xla_force_host_platform_device_count=4")
 
 import importlib  # noqa: E402
 

@@ -172,9 +172,11 @@ LEARNS = {  # overrides, keys, first updates, their mean below, final mean above
             5, 40, 150, 80),
     # measured: first-10% mean about 24, final about 334 (per seed 430, 385, 52, 469)
     "a2c": (dict(total_timesteps=40_000), seed_keys(0, 4), 50, 50, 100, -np.inf),
-    # default actor_lag = 1: the lagged actors still learn
-    "impala": (dict(total_timesteps=200_000), jax.random.split(jax.random.PRNGKey(0), 2),
-               5, 40, 200, 200),
+    # default actor_lag = 1: the lagged actors still learn. Measured: first updates about 21,
+    # final 387, 406, 249, 372 (XLA's default back end) and 422, 415, 204, 238 (the suite's,
+    # tests/conftest.py); a run that does not learn stays near 20
+    "impala": (dict(total_timesteps=200_000), jax.random.split(jax.random.PRNGKey(0), 4),
+               5, 40, 200, 100),
 }
 
 

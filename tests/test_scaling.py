@@ -39,9 +39,11 @@ def env(devices=None, cache=None):
     """The environment of a subprocess: `devices` forced CPU devices (None: the CLI's choice,
     one per core), this checkout first on the path, a shared compilation cache."""
     e = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    e.pop("XLA_FLAGS", None)
+    flags = [f for f in e.get("XLA_FLAGS", "").split()  # conftest's flags stay
+             if not f.startswith("--xla_force_host_platform_device_count")]
     if devices:
-        e["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+        flags.append(f"--xla_force_host_platform_device_count={devices}")
+    e["XLA_FLAGS"] = " ".join(flags)
     if cache:
         e["ONPOLICY_JAX_CACHE"] = cache
     return e
