@@ -1,10 +1,10 @@
 """Evaluate a saved run: `python -m algos.evaluate PATH [--episodes K] [--seed S]
-[--capture-video OUT.gif]`.
+[--capture-video OUT.gif|OUT.html]`.
 
 Loads a checkpoint written by any of the three algorithm files, rebuilds its `Config` and
 `make_train`, and plays the deterministic policy (the mode of pi) of every run it holds
 (`common/evaluate.py`); `--capture-video` draws one episode of the first run as a GIF
-(`common/host/video.py`).
+(an HTML page for Brax; `common/host/video.py`).
 """
 
 import dataclasses
@@ -21,7 +21,7 @@ from common.envs import make_env
 from common.evaluate import evaluate, record_episode
 from common.host import checkpoint, logger
 from common.host.cli import tyro_cli
-from common.host.video import check_renderer, save_gif
+from common.host.video import check_renderer, save_gif, save_html
 
 ALGOS = {"ppo": "algos.ppo", "a2c": "algos.a2c", "impala": "algos.impala"}
 """The algorithms a checkpoint may name (never an arbitrary module)."""
@@ -38,7 +38,7 @@ class Args:
     seed: int = 0
     """Seed of the evaluation environments."""
     capture_video: str | None = None
-    """Also save a GIF of one episode of the first run to this path."""
+    """Also save a GIF of one episode of the first run to this path (Brax: an `.html` page)."""
 
 
 def check_video_path(path: str):
@@ -88,13 +88,13 @@ def main(argv=None):
         record = checkpoint.load(checkpoint.resolve(args.checkpoint))
         if args.capture_video:
             check_video_path(args.capture_video)
-            check_renderer(record["config"].get("env_id"))
+            check_renderer(record["config"].get("env_id"), args.capture_video)
         config, seeds, train, state = restore_run(record, args.checkpoint)
     except ValueError as error:  # CheckpointError included
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
 
-    env, env_params, spec = make_env(config.env_id)
+    env, env_params, spec = make_env(config.env_id, config.brax_backend)
     keys = jax.random.split(jax.random.PRNGKey(args.seed), len(seeds))
     returns, lengths = jax.jit(jax.vmap(
         lambda s, k: evaluate(partial(train.act, s), env, env_params, spec, k, args.episodes,
@@ -117,7 +117,10 @@ def main(argv=None):
         done = np.asarray(done)
         length = int(np.argmax(done)) + 1 if done.any() else len(done)
         frames = [jax.tree.map(lambda x: np.asarray(x[t]), states) for t in range(length)]
-        save_gif(env, env_params, frames, np.asarray(rewards)[:length], args.capture_video)
+        if config.env_id.startswith("brax/"):
+            save_html(env, frames, args.capture_video)
+        else:
+            save_gif(env, env_params, frames, np.asarray(rewards)[:length], args.capture_video)
         print(f"video: {args.capture_video} ({length} frames, return "
               f"{float(np.sum(np.asarray(rewards)[:length])):.2f}, seed {seeds[0]})")
     return returns

@@ -44,7 +44,7 @@ from jax import lax
 
 from common import distributed, normalize
 from common.distributed import pmean
-from common.envs import EnvSpec, check_env_id, make_env
+from common.envs import EnvSpec, check_brax_backend, check_env_id, make_env
 from common.gae import gae
 from common.minibatch import flat_optimizer, sgd_scan, shuffled_minibatches
 from common.nn import GRU, Conv, Dense, orthogonal
@@ -58,7 +58,11 @@ class Config:
 
     # --- environment ---
     env_id: str = "CartPole-v1"
-    """A gymnax environment id."""
+    """A gymnax environment id, or Brax's `brax/<name>` (`pip install -e ".[brax]"`), name one
+    of ant, halfcheetah, hopper, humanoid, humanoidstandup, inverted_pendulum,
+    inverted_double_pendulum, pusher, reacher, swimmer, walker2d."""
+    brax_backend: Literal["spring", "positional", "generalized", "mjx"] = "positional"
+    """Brax's physics pipeline for a `brax/...` id (docs/environments.md says why this one)."""
     total_timesteps: int = 500_000
     """Environment steps per run (rounded down to whole updates)."""
     num_envs: int = 4
@@ -135,6 +139,7 @@ class Config:
             raise ValueError(f"--total-timesteps {self.total_timesteps} is less than one "
                              f"rollout (num_envs * num_steps = {self.batch_size}).")
         check_env_id(self.env_id)
+        check_brax_backend(self.brax_backend)
 
     @property
     def batch_size(self) -> int:
@@ -337,7 +342,7 @@ def make_train(config: Config, live_progress: bool = False):
     call `train.progress.close()` afterwards for the last line).
     Raises `ValueError` for a network the environment cannot take, before anything compiles.
     """
-    env, env_params, spec = make_env(config.env_id)
+    env, env_params, spec = make_env(config.env_id, config.brax_backend)
     if config.torso == "cnn" and not spec.image_obs:
         raise ValueError(f"--network {config.network} needs image observations (a MinAtar "
                          f"game), but {config.env_id} observations have shape {spec.obs_shape}; "

@@ -75,9 +75,10 @@ def library_versions() -> dict:
 
 
 def save_record(record: dict, out_dir: str, name: str) -> str:
-    """Write one result's JSON record to `out_dir/name.json`; returns the path."""
+    """Write one result's JSON record to `out_dir/name.json` (a `/` in `name`, as in a
+    `brax/...` id, becomes `-`); returns the path."""
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"{name}.json")
+    path = os.path.join(out_dir, f"{name.replace('/', '-')}.json")
     with open(path, "w") as f:
         json.dump(record, f, separators=(",", ":"))
     return path

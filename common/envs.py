@@ -48,13 +48,21 @@ and sine of the angle of [cos theta, sin theta, theta_dot]. The velocities are h
 policy must infer them from what it saw before (a recurrent policy's task)."""
 
 
+BRAX_ENVS = ("ant", "halfcheetah", "hopper", "humanoid", "humanoidstandup",
+             "inverted_pendulum", "inverted_double_pendulum", "pusher", "reacher", "swimmer",
+             "walker2d")
+"""Brax's environments, made as `brax/<name>` (`common/braxenv.py`; Brax is optional)."""
+BRAX_BACKENDS = ("spring", "positional", "generalized", "mjx")
+"""Brax's physics pipelines (`--brax-backend`), fastest and crudest first."""
+
+
 def known_env_ids() -> list[str]:
     """Every environment id: gymnax's (read from its registry if gymnax is imported, else
     from the id list in its `registration.py`, parsed without running it: no JAX starts),
-    then the velocity-hidden tasks of `MASKED`."""
-    if "gymnax" in sys.modules:
-        return list(sys.modules["gymnax"].registered_envs) + list(MASKED)
-    return list(_builtins()[0]) + list(MASKED)
+    the velocity-hidden tasks of `MASKED`, then Brax's as `brax/<name>`."""
+    gymnax = list(sys.modules["gymnax"].registered_envs) if "gymnax" in sys.modules else \
+        list(_builtins()[0])
+    return gymnax + list(MASKED) + [f"brax/{name}" for name in BRAX_ENVS]
 
 
 class MaskedObservation:
@@ -165,8 +173,11 @@ def check_env_id(env_id: str):
     if env_id not in known:
         close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.5)
         hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        raise ValueError(f"unknown environment id {env_id!r}.{hint} Known gymnax ids: "
+        raise ValueError(f"unknown environment id {env_id!r}.{hint} Known ids: "
                          f"{', '.join(known)}.")
+    if env_id.startswith("brax/") and importlib.util.find_spec("brax") is None:
+        raise ValueError(f"{env_id} needs Brax, which is not installed: "
+                         "pip install -e \".[brax]\"")
     missing = [f for f in MNIST_FILES if not os.path.isfile(os.path.join(MNIST_DIR, f))]
     if env_id == "MNISTBandit-bsuite" and missing:
         raise ValueError(f"{env_id} needs the MNIST files in {MNIST_DIR} (missing: "
@@ -174,20 +185,39 @@ def check_env_id(env_id: str):
                          "network; this toolkit never downloads: put them there first.")
 
 
-def make_env(env_id: str):
-    """`(env, env_params, spec)` for a gymnax environment id (or one of `MASKED`).
+def check_brax_backend(backend: str):
+    """Raise `ValueError` (one line) unless `backend` is one of Brax's pipelines."""
+    if backend not in BRAX_BACKENDS:
+        raise ValueError(f"--brax-backend must be one of {', '.join(BRAX_BACKENDS)}, got "
+                         f"{backend!r}.")
+
+
+def gymnax_spaces():
+    """gymnax's `spaces` module (imported without gymnax's package init)."""
+    return _import_without_package_inits("gymnax.environments.spaces")
+
+
+def make_env(env_id: str, brax_backend: str = "positional"):
+    """`(env, env_params, spec)` for a gymnax environment id, one of `MASKED`, or `brax/<name>`
+    (physics pipeline `brax_backend`).
 
     Raises `ValueError` naming the closest known ids when `env_id` is unknown, before anything is
     compiled.
     """
     check_env_id(env_id)
-    if env_id in MASKED:
+    if env_id.startswith("brax/"):
+        from common.braxenv import BraxEnv
+
+        check_brax_backend(brax_backend)
+        env = BraxEnv(env_id.removeprefix("brax/"), brax_backend)
+        env_params = env.default_params
+    elif env_id in MASKED:
         base, keep = MASKED[env_id]
         env, env_params = _make_gymnax(base)
         env = MaskedObservation(env, keep)
     else:
         env, env_params = _make_gymnax(env_id)
-    spaces = _import_without_package_inits("gymnax.environments.spaces")
+    spaces = gymnax_spaces()
     obs_space = env.observation_space(env_params)
     action_space = env.action_space(env_params)
     if isinstance(action_space, spaces.Discrete):

@@ -120,6 +120,22 @@ for _game in MINATAR:
                                       optimizer="adam", learning_rate=4e-3, opt_eps=1e-5,
                                       ent_coef=0.2)
 
+BRAX = ("brax/ant", "brax/halfcheetah", "brax/hopper", "brax/walker2d", "brax/humanoid",
+        "brax/inverted_pendulum", "brax/reacher")
+"""The Brax tasks with presets."""
+# PPO on Brax: PureJaxRL's `ppo_continuous_action.py` Brax settings, which it runs on every
+# Brax task: 2048 envs x 10 steps, 32 minibatches, 4 epochs, Adam 3e-4 without annealing, no
+# entropy bonus, gamma 0.99, GAE lambda 0.95, observations and rewards normalised, 5e7 steps
+# (PureJaxRL runs them on the positional pipeline). Sized for an accelerator; on a CPU,
+# fewer environments (e.g. --num-envs 64 --num-steps 32 --num-minibatches 8) run as fast per
+# step (docs/environments.md). A2C and IMPALA have no Brax presets: no setting of theirs has
+# been shown to learn these tasks here.
+for _env in BRAX:
+    PRESETS[("ppo", _env)] = dict(total_timesteps=50_000_000, num_envs=2048, num_steps=10,
+                                  num_minibatches=32, update_epochs=4, learning_rate=3e-4,
+                                  anneal_lr=False, ent_coef=0.0, normalize_obs=True,
+                                  normalize_reward=True)
+
 
 def preset(algo: str, env_id: str) -> dict:
     """The preset of `algo` on `env_id` (a copy; empty when there is none)."""

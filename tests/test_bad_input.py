@@ -60,6 +60,10 @@ CATALOGUE = [
     ("a2c", ["--env-id", "Breakout"], "unknown environment id 'Breakout'"),
     ("impala", ["--env-id", "cartpole"], "unknown environment id 'cartpole'"),
     ("a2c", ["--env-id", "CartPole-v9"], "unknown environment id 'CartPole-v9'"),
+    ("ppo", ["--env-id", "brax/antt"], "unknown environment id 'brax/antt'. Did you mean "
+     "'brax/ant'"),
+    ("impala", ["--env-id", "brax/ant", "--brax-backend", "bullet"],
+     "invalid choice 'bullet' for argument '--brax-backend'"),
     # --- network ---
     ("ppo", ["--network", "cnn"], "--network cnn needs image observations"),
     ("a2c", ["--network", "cnn", "--env-id", "Pendulum-v1"], "--network cnn needs image"),

@@ -11,7 +11,7 @@ import pytest
 
 from common import normalize
 from common.distributed import pmean, psum
-from common.envs import make_env, to_env_action
+from common.envs import check_env_id, make_env, to_env_action
 from common.nn import orthogonal
 from common.rollout import finished_episode_stats, reset, rollout
 
@@ -108,6 +108,15 @@ def test_unknown_environment_names_the_closest_ids():
         make_env("Cartpole-v1")
 
 
+def test_a_brax_id_without_brax_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "brax", None)  # what find_spec sees where it is missing
+    with pytest.raises(ValueError, match=r'brax/ant needs Brax, which is not installed: '
+                                         r'pip install -e "\.\[brax\]"'):
+        check_env_id("brax/ant")
+    with pytest.raises(ValueError, match="unknown environment id 'brax/walker'"):
+        check_env_id("brax/walker")
+
+
 LAZY_MAKE = """
 import sys
 import jax
@@ -116,7 +125,7 @@ from common.envs import MASKED, known_env_ids, make_env
 made = {}
 first = ["CartPole-v1", "Pendulum-v1", "Breakout-MinAtar"]
 others = [i for i in known_env_ids() if i not in first and i != "MNISTBandit-bsuite"  # download
-          and i not in MASKED]  # ours, not gymnax's
+          and i not in MASKED and not i.startswith("brax/")]  # ours, not gymnax's
 for env_id in first + others:
     env, params, _ = make_env(env_id)
     made[env_id] = (type(env), params)

@@ -462,7 +462,7 @@ def compile_programs(s: Session):
     if run.eval_every:
         from common.envs import make_env
 
-        env, env_params, spec = make_env(s.config.env_id)
+        env, env_params, spec = make_env(s.config.env_id, s.config.brax_backend)
         run_eval = layout.spread(jax.vmap(lambda state, k: evaluate(
             partial(s.train.act, state), env, env_params, spec, k, run.eval_episodes,
             hidden=s.train.initial_hidden(run.eval_episodes))[0].mean()),

@@ -57,8 +57,9 @@ def seed_keys(seed: int, num_seeds: int):
 
 
 def run_name(env_id: str, exp_name: str, seed: int, unix_time: int) -> str:
-    """CleanRL's run name, `{env_id}__{exp_name}__{seed}__{unix_time}`."""
-    return f"{env_id}__{exp_name}__{seed}__{unix_time}"
+    """CleanRL's run name, `{env_id}__{exp_name}__{seed}__{unix_time}` (a `/` in the id, as in
+    `brax/ant`, becomes `-`: the name is one directory)."""
+    return f"{env_id.replace('/', '-')}__{exp_name}__{seed}__{unix_time}"
 
 
 def report_progress(callback, update, num_updates: int, every: int, global_step, returns):

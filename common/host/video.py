@@ -1,7 +1,8 @@
-"""GIFs of one episode, drawn with gymnax's own renderers (`gymnax.visualize`, through
-matplotlib; classic control also needs gymnasium's pygame renderer, MinAtar needs seaborn).
-The optional packages are imported only here, and `check_renderer` says which are missing
-before anything is drawn.
+"""Videos of one episode: GIFs drawn with gymnax's own renderers (`gymnax.visualize`, through
+matplotlib; classic control also needs gymnasium's pygame renderer, MinAtar needs seaborn),
+and for Brax environments an HTML page that plays the episode in a browser (Brax's own
+viewer, `brax.io.html`: no extra package). The optional packages are imported only here, and
+`check_renderer` says which are missing before anything is drawn.
 """
 
 import importlib.util
@@ -23,10 +24,16 @@ _INSTALL = {"matplotlib": "pip install -e '.[bench]'", "gymnasium": "pip install
             "seaborn": "pip install seaborn"}
 
 
-def check_renderer(env_id: str):
-    """Raise `ValueError` (one line) unless a GIF of `env_id` can be drawn here."""
+def check_renderer(env_id: str, path: str = "episode.gif"):
+    """Raise `ValueError` (one line) unless a video of `env_id` can be drawn here into `path`
+    (a GIF; for a Brax environment an `.html` page)."""
     from common.envs import MASKED
 
+    if env_id.startswith("brax/"):
+        if not path.lower().endswith(".html"):
+            raise ValueError(f"--capture-video for {env_id} writes an HTML page (Brax's "
+                             f"viewer); name it *.html, not {path!r}.")
+        return
     env_id = MASKED.get(env_id, (env_id,))[0]  # a masked task looks like the task it masks
     if env_id not in RENDERERS:
         raise ValueError(f"--capture-video: gymnax has no renderer for {env_id!r}, so no GIF can "
@@ -46,3 +53,11 @@ def save_gif(env, env_params, states, rewards, path: str):
     from gymnax.visualize import Visualizer
 
     Visualizer(env, env_params, states, np.cumsum(rewards)).animate(path)
+
+
+def save_html(env, states, path: str):
+    """Write the HTML page of a Brax episode (`BraxState`s, one per frame)."""
+    from common.braxenv import render_html
+
+    with open(path, "w") as f:
+        f.write(render_html(env, states))

@@ -1,0 +1,88 @@
+"""Brax physics environments behind the gymnax interface the rollout and evaluation use.
+
+`make_env("brax/ant", brax_backend=...)` (`common/envs.py`) wraps Brax's own environment, with
+none of Brax's wrappers, in `BraxEnv`, which gives it what every gymnax environment here has:
+
+- `step(key, state, action, params) -> (obs, state, reward, terminated, truncated, info)`;
+- `terminated` is the environment's own `done` (Ant or Hopper no longer healthy): a terminal
+  state, no bootstrap; `truncated` is the time limit, `params.max_steps_in_episode` steps
+  (1000, Brax's default episode length): bootstrap from the state reached;
+- `info["final_observation"]` is the observation the step reached, before any reset;
+- a finished episode restarts from a fresh random start state, drawn with that step's key.
+  (Brax's `AutoResetWrapper` restarts every episode of an environment from the state of its
+  first reset; `EpisodeWrapper` folds the time limit into `done` and reports it in
+  `info["truncation"]`. Neither is used.)
+
+Brax is an optional extra, imported only when a `brax/...` environment is made
+(`pip install -e ".[brax]"`). Its physics pipeline is `--brax-backend`; the default,
+positional, learned Hopper fastest per second of training on a CPU (docs/environments.md).
+"""
+
+import contextlib
+import io
+import warnings
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from common.envs import gymnax_spaces
+
+
+class BraxParams(NamedTuple):
+    max_steps_in_episode: int = 1000
+    """The time limit: an episode is truncated after this many steps (Brax's default)."""
+
+
+class BraxState(NamedTuple):
+    brax: Any
+    """Brax's `State` (pipeline state, observation, reward, done, metrics)."""
+    time: jax.Array
+    """Steps taken in the current episode, int32."""
+
+
+class BraxEnv:
+    """A Brax environment with gymnax's methods (see the module docstring)."""
+
+    def __init__(self, name: str, backend: str):
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # notes on optional imports and on maintenance
+            from brax import envs
+
+            self.env = envs.get_environment(name, backend=backend)
+        self.name, self.backend = f"brax/{name}", backend
+        self.default_params = BraxParams()
+
+    def reset(self, key, params=None):
+        state = self.env.reset(key)
+        return state.obs, BraxState(state, jnp.zeros((), jnp.int32))
+
+    def step(self, key, state: BraxState, action, params=None):
+        params = self.default_params if params is None else params
+        reached = self.env.step(state.brax, action)
+        time = state.time + 1
+        terminated = reached.done > 0
+        truncated = jnp.logical_and(time >= params.max_steps_in_episode, ~terminated)
+        done = jnp.logical_or(terminated, truncated)
+        reset_obs, reset_state = self.reset(key, params)
+        state = jax.tree.map(lambda fresh, kept: jnp.where(done, fresh, kept), reset_state,
+                             BraxState(reached, time))
+        obs = jnp.where(done, reset_obs, reached.obs)
+        reward = jnp.asarray(reached.reward, jnp.float32)  # some environments give a float
+        return (obs, state, reward, terminated, truncated,
+                {"final_observation": reached.obs})
+
+    def observation_space(self, params=None):
+        return gymnax_spaces().Box(-jnp.inf, jnp.inf, (self.env.observation_size,), jnp.float32)
+
+    def action_space(self, params=None):
+        return gymnax_spaces().Box(-1.0, 1.0, (self.env.action_size,), jnp.float32)
+
+
+def render_html(env: BraxEnv, states: list) -> str:
+    """An HTML page that plays the episode of `states` (`BraxState`s, one per frame) in a
+    browser, drawn by Brax's own viewer (`brax.io.html`)."""
+    from brax.io import html
+
+    return html.render(env.env.sys.tree_replace({"opt.timestep": env.env.dt}),
+                       [s.brax.pipeline_state for s in states])

@@ -1,0 +1,129 @@
+"""Brax environments (`brax/<name>`, `common/braxenv.py`) through the rollout every algorithm
+uses: time limits kept apart from terminations, with the true final observation, so that GAE
+bootstraps a truncated step and not a terminated one; a fresh random start for every episode;
+and each algorithm training on one, from Python and from the command line with evaluation and
+an HTML video. Skipped where Brax is not installed (`pip install -e ".[brax]"`; CI installs
+it). The spring pipeline compiles fastest; what is tested here is the wrapper, not physics.
+"""
+
+import functools
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("brax")
+
+from common.braxenv import BraxParams  # noqa: E402
+from common.envs import make_env  # noqa: E402
+from common.gae import gae  # noqa: E402
+from common.rollout import reset, rollout  # noqa: E402
+from helpers import ALGOS  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BACKEND = "spring"
+LIMIT, STEPS, ENVS = 20, 64, 4
+
+
+@functools.cache
+def pendulum_rollout():
+    """64 steps of 4 inverted pendulums with a 20-step time limit: environments 0 and 1 push
+    the cart hard (the pole falls: terminations), 2 and 3 do nothing (the pole stays up for
+    the whole episode: truncations)."""
+    env, _, spec = make_env("brax/inverted_pendulum", BACKEND)
+    params = BraxParams(max_steps_in_episode=LIMIT)
+
+    def policy(key, obs, first, hidden):
+        push = jnp.where(jnp.arange(obs.shape[0]) < 2, 1.0, 0.0)[:, None]
+        return push, (), hidden
+
+    def run(key):
+        state = reset(env, params, key, ENVS)
+        return rollout(env, params, spec, policy, state, key, STEPS)
+
+    return jax.tree.map(np.asarray, jax.jit(run)(jax.random.PRNGKey(0))[1])
+
+
+def test_a_time_limit_is_a_truncation_and_a_fall_a_termination_with_the_final_observation():
+    traj = pendulum_rollout()
+    t = np.arange(STEPS)
+    for e in (2, 3):  # upright for the whole episode: every 20th step truncates
+        np.testing.assert_array_equal(traj.truncated[:, e], (t + 1) % LIMIT == 0)
+        assert not traj.terminated[:, e].any()
+    for e in (0, 1):  # pushed over well within the limit
+        assert traj.terminated[:, e].sum() >= 3 and not traj.truncated[:, e].any()
+        assert traj.episode_length[traj.terminated[:, e], e].max() < LIMIT
+    done = traj.terminated | traj.truncated
+    # Where an episode goes on, the next observation is the next step's; where it ended, it is
+    # the state reached (the pole past its limit, or still up), not the new episode's start.
+    np.testing.assert_array_equal(traj.next_obs[:-1][~done[:-1]], traj.obs[1:][~done[:-1]])
+    assert not np.isclose(traj.next_obs[:-1][done[:-1]], traj.obs[1:][done[:-1]]).all(-1).any()
+    assert (np.abs(traj.next_obs[traj.terminated][:, 1]) > 0.2).all()  # pole angle past 0.2
+    assert traj.first[1:][done[:-1]].all() and not traj.first[1:][~done[:-1]].any()
+    np.testing.assert_allclose(traj.episode_return[done], traj.episode_length[done])  # 1 a step
+
+
+def test_gae_bootstraps_a_truncated_brax_step_and_not_a_terminated_one():
+    traj = pendulum_rollout()
+    value = lambda obs: 1.0 + obs[..., 0] + 2.0 * obs[..., 1]  # noqa: E731  (any function)
+    gamma = 0.9
+    adv, _ = gae(traj.reward, value(traj.obs), value(traj.next_obs), traj.terminated,
+                 traj.truncated, gamma, 0.0)  # lambda 0: A_t is the TD error alone
+    bootstrapped = traj.reward + gamma * value(traj.next_obs) - value(traj.obs)
+    np.testing.assert_allclose(adv[traj.truncated], bootstrapped[traj.truncated], rtol=1e-5)
+    np.testing.assert_allclose(adv[traj.terminated],
+                               (traj.reward - value(traj.obs))[traj.terminated], rtol=1e-5)
+    assert traj.truncated.any() and traj.terminated.any()
+
+
+def test_every_episode_starts_from_a_fresh_random_state():
+    """Brax's AutoResetWrapper would restart each environment from its first start state."""
+    traj = pendulum_rollout()
+    for e in range(ENVS):
+        starts = traj.obs[traj.first[:, e], e]
+        assert len(starts) >= 3
+        assert len({tuple(s) for s in np.round(starts, 6)}) == len(starts), (e, starts)
+    firsts = traj.obs[0]
+    assert len({tuple(s) for s in np.round(firsts, 6)}) == ENVS
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_each_algorithm_trains_on_a_brax_environment(algo):
+    module = __import__(f"algos.{algo}", fromlist=["Config"])
+    config = module.Config(env_id="brax/inverted_pendulum", brax_backend=BACKEND, num_envs=4,
+                           num_steps=16, total_timesteps=4 * 16 * 4, normalize_obs=True,
+                           normalize_reward=True,
+                           **(dict(num_minibatches=2, update_epochs=2) if algo == "ppo" else
+                              dict(actor_lag=1) if algo == "impala" else {}))
+    state, metrics = jax.jit(module.make_train(config))(jax.random.PRNGKey(0))
+    for name, value in metrics.items():
+        if name not in ("episodic_return", "episodic_length"):
+            assert np.isfinite(value).all(), name
+    assert np.isfinite(metrics["episodic_return"]).any()  # episodes ended and were counted
+    assert float(state.reward_stats.count) > 100  # rewards were normalised
+
+
+def test_the_command_line_trains_evaluates_and_renders_a_brax_run(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "algos/ppo.py", "--env-id", "brax/inverted_pendulum", "--brax-backend",
+         BACKEND, "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
+         "--total-timesteps", "512", "--checkpoint-every", "1", "--log-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+    [checkpoint] = [os.path.join(d, f) for d, _, files in os.walk(tmp_path) for f in files
+                    if f == "latest.msgpack"]
+    video = tmp_path / "episode.html"
+    evaluate = subprocess.run(
+        [sys.executable, "-m", "algos.evaluate", checkpoint, "--episodes", "2",
+         "--capture-video", str(video)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert evaluate.returncode == 0, evaluate.stderr[-3000:]
+    assert "mean return over 1 run(s)" in evaluate.stdout
+    frames = int(evaluate.stdout.split("video: ")[1].split("(")[1].split(" frames")[0])
+    assert frames > 1, evaluate.stdout
+    page = video.read_text()
+    assert "<html>" in page and 'id="brax-viewer"' in page, page[:300]
