@@ -53,7 +53,7 @@ from jax import lax
 
 from common import distributed, normalize
 from common.distributed import pmean
-from common.envs import EnvSpec, check_brax_backend, check_env_id, make_env
+from common.envs import EnvSpec, check_env_id, make_env
 from common.gae import gae
 from common.nn import GRU, Conv, Dense, orthogonal
 from common.rollout import EnvState, Trajectory, finished_episode_stats, reset, rollout
@@ -143,7 +143,6 @@ class Config:
             raise ValueError(f"--total-timesteps {self.total_timesteps} is less than one "
                              f"rollout (num_envs * num_steps = {self.batch_size}).")
         check_env_id(self.env_id)
-        check_brax_backend(self.brax_backend)
 
     @property
     def batch_size(self) -> int:

@@ -54,7 +54,7 @@ from jax import lax
 
 from common import distributed, normalize
 from common.distributed import pmean
-from common.envs import EnvSpec, check_brax_backend, check_env_id, make_env
+from common.envs import EnvSpec, check_env_id, make_env
 from common.minibatch import permutation
 from common.nn import GRU, Conv, Dense, orthogonal
 from common.rollout import EnvState, finished_episode_stats, reset, rollout
@@ -168,7 +168,6 @@ class Config:
                              f"({self.num_updates} updates): the actors would never use "
                              "parameters the learner produced; pick a smaller lag.")
         check_env_id(self.env_id)
-        check_brax_backend(self.brax_backend)
 
     @property
     def batch_size(self) -> int:

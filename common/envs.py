@@ -185,13 +185,6 @@ def check_env_id(env_id: str):
                          "network; this toolkit never downloads: put them there first.")
 
 
-def check_brax_backend(backend: str):
-    """Raise `ValueError` (one line) unless `backend` is one of Brax's pipelines."""
-    if backend not in BRAX_BACKENDS:
-        raise ValueError(f"--brax-backend must be one of {', '.join(BRAX_BACKENDS)}, got "
-                         f"{backend!r}.")
-
-
 def gymnax_spaces():
     """gymnax's `spaces` module (imported without gymnax's package init)."""
     return _import_without_package_inits("gymnax.environments.spaces")
@@ -208,7 +201,9 @@ def make_env(env_id: str, brax_backend: str = "positional"):
     if env_id.startswith("brax/"):
         from common.braxenv import BraxEnv
 
-        check_brax_backend(brax_backend)
+        if brax_backend not in BRAX_BACKENDS:
+            raise ValueError(f"--brax-backend must be one of {', '.join(BRAX_BACKENDS)}, got "
+                             f"{brax_backend!r}.")
         env = BraxEnv(env_id.removeprefix("brax/"), brax_backend)
         env_params = env.default_params
     elif env_id in MASKED:
