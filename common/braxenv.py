@@ -61,14 +61,14 @@ class BraxEnv:
         params = self.default_params if params is None else params
         reached = self.env.step(state.brax, action)
         time = state.time + 1
-        terminated = reached.done > 0
+        terminated = jnp.asarray(reached.done) > 0  # some environments give Python floats
         truncated = jnp.logical_and(time >= params.max_steps_in_episode, ~terminated)
         done = jnp.logical_or(terminated, truncated)
         reset_obs, reset_state = self.reset(key, params)
         state = jax.tree.map(lambda fresh, kept: jnp.where(done, fresh, kept), reset_state,
                              BraxState(reached, time))
         obs = jnp.where(done, reset_obs, reached.obs)
-        reward = jnp.asarray(reached.reward, jnp.float32)  # some environments give a float
+        reward = jnp.asarray(reached.reward, jnp.float32)
         return (obs, state, reward, terminated, truncated,
                 {"final_observation": reached.obs})
 
