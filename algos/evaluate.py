@@ -21,7 +21,7 @@ from common.envs import make_env
 from common.evaluate import evaluate, record_episode
 from common.host import checkpoint, logger
 from common.host.cli import tyro_cli
-from common.host.video import check_renderer, save_gif, save_html
+from common.host.video import check_renderer, save_video
 
 ALGOS = {"ppo": "algos.ppo", "a2c": "algos.a2c", "impala": "algos.impala"}
 """The algorithms a checkpoint may name (never an arbitrary module)."""
@@ -117,10 +117,8 @@ def main(argv=None):
         done = np.asarray(done)
         length = int(np.argmax(done)) + 1 if done.any() else len(done)
         frames = [jax.tree.map(lambda x: np.asarray(x[t]), states) for t in range(length)]
-        if config.env_id.startswith("brax/"):
-            save_html(env, frames, args.capture_video)
-        else:
-            save_gif(env, env_params, frames, np.asarray(rewards)[:length], args.capture_video)
+        save_video(config.env_id, env, env_params, frames, np.asarray(rewards)[:length],
+                   args.capture_video)
         print(f"video: {args.capture_video} ({length} frames, return "
               f"{float(np.sum(np.asarray(rewards)[:length])):.2f}, seed {seeds[0]})")
     return returns

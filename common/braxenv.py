@@ -50,7 +50,7 @@ class BraxEnv:
             from brax import envs
 
             self.env = envs.get_environment(name, backend=backend)
-        self.name, self.backend = f"brax/{name}", backend
+        self.name = f"brax/{name}"
         self.default_params = BraxParams()
 
     def reset(self, key, params=None):

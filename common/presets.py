@@ -136,10 +136,10 @@ BRAX = ("brax/ant", "brax/halfcheetah", "brax/hopper", "brax/walker2d", "brax/hu
 # PPO on Brax: PureJaxRL's `ppo_continuous_action.py` Brax settings, which it runs on every
 # Brax task: 2048 envs x 10 steps, 32 minibatches, 4 epochs, Adam 3e-4 without annealing, no
 # entropy bonus, gamma 0.99, GAE lambda 0.95, observations and rewards normalised, 5e7 steps
-# (PureJaxRL runs them on the positional pipeline). Sized for an accelerator; on a CPU,
-# fewer environments (e.g. --num-envs 64 --num-steps 32 --num-minibatches 8) run as fast per
-# step (docs/environments.md). A2C and IMPALA have no Brax presets: no setting of theirs has
-# been shown to learn these tasks here.
+# (PureJaxRL runs them on the positional pipeline). Sized for an accelerator and not run to
+# 5e7 steps here; on a CPU, 64 envs x 32 steps with 8 minibatches learned Hopper (1558 at
+# 1e6 steps, docs/environments.md). A2C and IMPALA have no Brax presets: no setting of theirs
+# has been shown to learn these tasks here.
 for _env in BRAX:
     PRESETS[("ppo", _env)] = dict(total_timesteps=50_000_000, num_envs=2048, num_steps=10,
                                   num_minibatches=32, update_epochs=4, learning_rate=3e-4,

@@ -7,6 +7,7 @@ it). The spring pipeline compiles fastest; what is tested here is the wrapper, n
 """
 
 import functools
+import importlib
 import os
 import subprocess
 import sys
@@ -93,7 +94,7 @@ def test_every_episode_starts_from_a_fresh_random_state():
 
 @pytest.mark.parametrize("algo", ALGOS)
 def test_each_algorithm_trains_on_a_brax_environment(algo):
-    module = __import__(f"algos.{algo}", fromlist=["Config"])
+    module = importlib.import_module(f"algos.{algo}")
     config = module.Config(env_id="brax/inverted_pendulum", brax_backend=BACKEND, num_envs=4,
                            num_steps=16, total_timesteps=4 * 16 * 4, normalize_obs=True,
                            normalize_reward=True,

@@ -55,9 +55,13 @@ def save_gif(env, env_params, states, rewards, path: str):
     Visualizer(env, env_params, states, np.cumsum(rewards)).animate(path)
 
 
-def save_html(env, states, path: str):
-    """Write the HTML page of a Brax episode (`BraxState`s, one per frame)."""
-    from common.braxenv import render_html
+def save_video(env_id: str, env, env_params, states, rewards, path: str):
+    """Save one episode (states and rewards, one per frame) as `check_renderer` allowed: an
+    HTML page for a Brax environment (Brax's viewer), a GIF otherwise."""
+    if env_id.startswith("brax/"):
+        from common.braxenv import render_html
 
-    with open(path, "w") as f:
-        f.write(render_html(env, states))
+        with open(path, "w") as f:
+            f.write(render_html(env, states))
+    else:
+        save_gif(env, env_params, states, rewards, path)
