@@ -130,6 +130,10 @@ for _game in MINATAR:
                                       optimizer="adam", learning_rate=4e-3, opt_eps=1e-5,
                                       ent_coef=_impala_entropy)
 
+# A2C on SpaceInvaders: GAE lambda 0.95 rather than n-step returns (4 seeds, 5e6 steps,
+# MLP): lambda 0.95 / 1.0 at entropy 0.03 gave 131.2 / 125.8, at 0.05 127.9 / 117.7.
+PRESETS[("a2c", "SpaceInvaders-MinAtar")]["gae_lambda"] = 0.95
+
 BRAX = ("brax/ant", "brax/halfcheetah", "brax/hopper", "brax/walker2d", "brax/humanoid",
         "brax/inverted_pendulum", "brax/reacher")
 """The Brax tasks with presets."""
