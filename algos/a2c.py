@@ -24,8 +24,8 @@ What differs from the paper, following OpenAI Baselines' `a2c` and Stable-Baseli
   root, as PyTorch's `torch.optim.RMSprop` that SB3 uses; gradients clipped by global norm;
 - separate actor and critic MLPs (64x64 tanh, orthogonal init, policy head scaled 0.01), or a
   shared small CNN torso for image observations (MinAtar) -- the same network as `ppo.py`,
-  also with its GRU core (`--network gru`), recomputed over the rollout in the update from
-  the state stored at the rollout's start;
+  also with its GRU or LSTM core (`--network gru`, `lstm`), recomputed over the rollout in
+  the update from the state stored at the rollout's start;
 - the value loss carries a factor 0.5 (as in `ppo.py`); Baselines and SB3 use the plain mean
   squared error, so their `vf_coef` equals ours / 2 for the same gradient.
 
@@ -55,7 +55,7 @@ from common import distributed, normalize
 from common.distributed import pmean
 from common.envs import EnvSpec, check_env_id, make_env
 from common.gae import gae
-from common.nn import GRU, Conv, Dense, orthogonal
+from common.nn import CORES, Conv, Dense, orthogonal
 from common.rollout import EnvState, Trajectory, finished_episode_stats, reset, rollout
 from common.validate import check_fields, one_of, require
 
@@ -123,11 +123,13 @@ class Config:
     """Width of the two hidden layers of the actor and critic MLPs."""
     activation: Literal["tanh", "relu"] = "tanh"
     """Activation of the MLPs (the CNN torso always uses ReLU)."""
-    network: Literal["auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru"] = "auto"
+    network: Literal["auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru", "lstm", "mlp-lstm",
+                     "cnn-lstm"] = "auto"
     """Torso: `auto` picks the CNN for image observations (MinAtar) and the MLPs otherwise;
     `mlp` flattens images into the MLPs (PureJaxRL's MinAtar baseline, much cheaper on a CPU).
     `gru` adds a recurrent core of `hidden_size` units after the `auto` torso (`mlp-gru`,
-    `cnn-gru`: after that torso): a policy with memory, for partially observed tasks."""
+    `cnn-gru`: after that torso): a policy with memory, for partially observed tasks; `lstm`
+    (`mlp-lstm`, `cnn-lstm`) an LSTM core instead (`common/nn.py`)."""
 
     def __post_init__(self):  # plain Python: building a Config starts no JAX backend
         check_fields(self, wide=("total_timesteps",))  # types first: ints, finite float32s
@@ -138,7 +140,8 @@ class Config:
         require(self, "nonnegative", "ent_coef", "vf_coef")
         one_of(self, "optimizer", ("rmsprop", "adam"))
         one_of(self, "activation", ("tanh", "relu"))
-        one_of(self, "network", ("auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru"))
+        one_of(self, "network", ("auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru", "lstm",
+                                 "mlp-lstm", "cnn-lstm"))
         if self.total_timesteps < self.batch_size:
             raise ValueError(f"--total-timesteps {self.total_timesteps} is less than one "
                              f"rollout (num_envs * num_steps = {self.batch_size}).")
@@ -149,14 +152,19 @@ class Config:
         return self.num_envs * self.num_steps
 
     @property
+    def core(self) -> str | None:
+        """The recurrent core, `gru` or `lstm` (`common/nn.py`'s `CORES`); None: feed-forward."""
+        return next((c for c in ("gru", "lstm") if self.network.endswith(c)), None)
+
+    @property
     def recurrent(self) -> bool:
-        """The network has a GRU core."""
-        return self.network.endswith("gru")
+        """The network has a recurrent core."""
+        return self.core is not None
 
     @property
     def torso(self) -> str:
         """`auto`, `mlp` or `cnn`: the network's torso without its recurrent core."""
-        return {"gru": "auto"}.get(self.network, self.network.removesuffix("-gru"))
+        return "auto" if self.network == self.core else self.network.split("-")[0]
 
     @property
     def num_updates(self) -> int:
@@ -191,18 +199,21 @@ class ActorCritic(nn.Module):
     """pi(a|s) and V(s). MLP torso: separate actor and critic MLPs (images flattened). CNN torso:
     one shared CNN (Conv 16 3x3, Dense 128, as the MinAtar baselines, Young & Tian 2019,
     arXiv:1903.03176) with a policy head and a value head. Recurrent: the torso (one Dense
-    layer, or the CNN) feeds a GRU, whose output feeds an actor and a critic layer.
+    layer, or the CNN) feeds a recurrent core (GRU or LSTM), whose output feeds an actor and a
+    critic layer.
 
     `__call__(obs, hidden=None, first=None) -> (pi, value, memory)`. Feed-forward: `obs` has
     any leading axes and `memory` is None. Recurrent: `obs` [T, N, ...] is a time-major
-    sequence, `hidden` [N, H] the GRU state before it, `first` [T, N] the episode starts
-    (`common/nn.py`'s `GRU`), and `memory` [T, N, H] the GRU's output after each step."""
+    sequence, `hidden` [N, W] the core's state before it (W = H for the GRU, 2H for the LSTM's
+    c and h), `first` [T, N] the episode starts (`common/nn.py`'s `GRU`, `LSTM`), and `memory`
+    [T, N, W] the core's state after each step."""
 
     spec: EnvSpec
     hidden_size: int = 64
     activation: str = "tanh"
     cnn: bool = False
-    recurrent: bool = False
+    core: str | None = None
+    """The recurrent core (`gru`, `lstm`), or None: feed-forward."""
 
     @nn.compact
     def __call__(self, obs, hidden=None, first=None):
@@ -213,7 +224,7 @@ class ActorCritic(nn.Module):
             x = nn.relu(Conv(16, (3, 3), kernel_init=orthogonal(np.sqrt(2)))(obs))
             x = nn.relu(dense(128, np.sqrt(2))(x.reshape(x.shape[:-3] + (-1,))))
             actor, critic = x, x
-        elif self.recurrent:
+        elif self.core:
             obs = obs.reshape(obs.shape[:obs.ndim - len(self.spec.obs_shape)] + (-1,))
             x = act(dense(self.hidden_size, np.sqrt(2))(obs))
         else:
@@ -222,10 +233,11 @@ class ActorCritic(nn.Module):
             actor = act(dense(self.hidden_size, np.sqrt(2))(actor))
             critic = act(dense(self.hidden_size, np.sqrt(2))(obs))
             critic = act(dense(self.hidden_size, np.sqrt(2))(critic))
-        if self.recurrent:
-            _, memory = GRU(self.hidden_size)(hidden, x, first)
-            actor = act(dense(self.hidden_size, np.sqrt(2))(memory))
-            critic = act(dense(self.hidden_size, np.sqrt(2))(memory))
+        if self.core:
+            core = CORES[self.core]
+            _, memory = core(self.hidden_size)(hidden, x, first)
+            actor = act(dense(self.hidden_size, np.sqrt(2))(core.output(memory)))
+            critic = act(dense(self.hidden_size, np.sqrt(2))(core.output(memory)))
         value = dense(1, 1.0)(critic).squeeze(-1)
         if self.spec.discrete:
             pi = distrax.Categorical(logits=dense(self.spec.action_dim, 0.01)(actor))
@@ -314,7 +326,7 @@ def make_train(config: Config, live_progress: bool = False):
                          f"use --network mlp (or auto, gru).")
     cnn = config.torso == "cnn" or (config.torso == "auto" and spec.image_obs)
     recurrent = config.recurrent
-    network = ActorCritic(spec, config.hidden_size, config.activation, cnn, recurrent)
+    network = ActorCritic(spec, config.hidden_size, config.activation, cnn, config.core)
     num_updates, batch_size = config.num_updates, config.batch_size
 
     def learning_rate(hp: HParams, update):
@@ -337,12 +349,13 @@ def make_train(config: Config, live_progress: bool = False):
         return optax.chain(optax.clip_by_global_norm(hp.max_grad_norm), opt)
 
     def initial_hidden(num_envs: int):
-        """The GRU state of environments before their first step (None: feed-forward)."""
-        return GRU.initial_state(num_envs, config.hidden_size) if recurrent else None
+        """The recurrent state of environments before their first step (None: feed-forward)."""
+        return CORES[config.core].initial_state(num_envs, config.hidden_size) if recurrent \
+            else None
 
     def next_values(params, next_obs, memory):
         """V(s'_t) of the observation each step t led to, before any reset, [T, N]. Recurrent:
-        one more GRU step from its output after s_t (the episode goes on: no reset)."""
+        one more step of the core from its state after s_t (the episode goes on: no reset)."""
         if not recurrent:
             return network.apply(params, next_obs)[1]
         steps, envs = next_obs.shape[:2]
@@ -374,8 +387,8 @@ def make_train(config: Config, live_progress: bool = False):
         `traj` is time-major, [T, num_envs, ...] (data-parallel: this device's share of the
         environments, [T, num_envs / D, ...]); the step reads its obs, action, reward,
         terminated, truncated and next_obs, and bootstraps from V(next_obs) under
-        `state.params` (recurrent: the rollout's GRU outputs are in `traj.policy_info`, and
-        the update recomputes the GRU over the rollout from `state.env.hidden`, the state it
+        `state.params` (recurrent: the rollout's recurrent states are in `traj.policy_info`, and
+        the update recomputes the core over the rollout from `state.env.hidden`, the state it
         started from). The losses are means over equal shares, so the mean (`pmean`) of the
         devices' gradients is the gradient of the whole rollout; advantage normalisation and
         explained variance use global statistics (`distributed.mean_var`), so the result does
@@ -402,7 +415,7 @@ def make_train(config: Config, live_progress: bool = False):
 
     def policy(params, obs_stats):
         """pi(.|s) under `params`, as `rollout` calls it: `(key, obs, first, hidden) ->
-        (action, memory, hidden)`, the GRU stepped once (and reset where `first`); `memory`,
+        (action, memory, hidden)`, the core stepped once (and reset where `first`); `memory`,
         its output (None: feed-forward), is recorded for the bootstrap values."""
         def sample(key, obs, first, hidden):
             if config.normalize_obs:
@@ -455,7 +468,7 @@ def make_train(config: Config, live_progress: bool = False):
         return TrainState(params, opt_state, obs_stats, reward_stats, env_state, key), metrics
 
     def act(state: TrainState, obs, first, hidden):
-        """The deterministic policy, for evaluation: `(mode of pi(.|obs), hidden)`, the GRU
+        """The deterministic policy, for evaluation: `(mode of pi(.|obs), hidden)`, the core
         state carried (and reset where `first`) as in the rollout."""
         if config.normalize_obs:
             obs = normalize.normalize(state.obs_stats, obs)

@@ -19,12 +19,12 @@ What differs from the paper:
   (minibatches split the environments, never the time axis, which V-Trace runs along);
 - optional penalty on KL(mu || pi) (`kl_coef`, default 0), estimated from the behaviour's own
   samples with Schulman's k3 estimator, http://joschu.net/blog/kl-approx.html;
-- the networks of `algos/ppo.py` (separate 64x64 tanh actor and critic MLPs, or the small
-  MinAtar CNN), feed-forward or with a GRU core (`--network gru`; the paper's agent has an
-  LSTM): the actors carry their own GRU state, the learner recomputes each trajectory from
-  the state the actor had at its start with its current parameters; no reward clipping;
-  optional observation normalisation (the actors use the learner's current statistics: only
-  the network parameters lag);
+- the networks of `algos/ppo.py` (separate 64x64 tanh actor and critic MLPs, or the small MinAtar
+  CNN), feed-forward or with a GRU or LSTM core (`--network gru`, `lstm`; the paper's agent has an
+  LSTM): the actors carry their own recurrent state, the learner recomputes each trajectory from
+  the state the actor had at its start with its current parameters; no reward clipping; optional
+  observation normalisation (the actors use the learner's current statistics: only the network
+  parameters lag);
 - a time-limit truncation bootstraps from the final observation (Pardo et al. 2018,
   arXiv:1712.00378), as in `common/gae.py`.
 `vtrace = False` keeps everything else and drops the correction (`log_rhos = 0`: the
@@ -56,7 +56,7 @@ from common import distributed, normalize
 from common.distributed import pmean
 from common.envs import EnvSpec, check_env_id, make_env
 from common.minibatch import permutation
-from common.nn import GRU, Conv, Dense, orthogonal
+from common.nn import CORES, Conv, Dense, orthogonal
 from common.rollout import EnvState, finished_episode_stats, reset, rollout
 from common.validate import check_fields, one_of, require
 from common.vtrace import vtrace
@@ -136,11 +136,13 @@ class Config:
     """Width of the two hidden layers of the actor and critic MLPs."""
     activation: Literal["tanh", "relu"] = "tanh"
     """Activation of the MLPs (the CNN torso always uses ReLU)."""
-    network: Literal["auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru"] = "auto"
+    network: Literal["auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru", "lstm", "mlp-lstm",
+                     "cnn-lstm"] = "auto"
     """Torso: `auto` picks the CNN for image observations (MinAtar) and the MLPs otherwise;
     `mlp` flattens images into the MLPs (PureJaxRL's MinAtar baseline, much cheaper on a CPU).
     `gru` adds a recurrent core of `hidden_size` units after the `auto` torso (`mlp-gru`,
-    `cnn-gru`: after that torso): a policy with memory, for partially observed tasks."""
+    `cnn-gru`: after that torso): a policy with memory, for partially observed tasks; `lstm`
+    (`mlp-lstm`, `cnn-lstm`) an LSTM core instead (`common/nn.py`)."""
 
     def __post_init__(self):  # plain Python: building a Config starts no JAX backend
         check_fields(self, wide=("total_timesteps",))  # types first: ints, finite float32s
@@ -154,7 +156,8 @@ class Config:
         require(self, "nonnegative", "ent_coef", "vf_coef", "kl_coef")
         one_of(self, "optimizer", ("rmsprop", "adam"))
         one_of(self, "activation", ("tanh", "relu"))
-        one_of(self, "network", ("auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru"))
+        one_of(self, "network", ("auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru", "lstm",
+                                 "mlp-lstm", "cnn-lstm"))
         if self.num_envs % self.num_minibatches:
             raise ValueError(
                 f"--num-envs {self.num_envs} is not divisible by --num-minibatches "
@@ -174,14 +177,19 @@ class Config:
         return self.num_envs * self.num_steps
 
     @property
+    def core(self) -> str | None:
+        """The recurrent core, `gru` or `lstm` (`common/nn.py`'s `CORES`); None: feed-forward."""
+        return next((c for c in ("gru", "lstm") if self.network.endswith(c)), None)
+
+    @property
     def recurrent(self) -> bool:
-        """The network has a GRU core."""
-        return self.network.endswith("gru")
+        """The network has a recurrent core."""
+        return self.core is not None
 
     @property
     def torso(self) -> str:
         """`auto`, `mlp` or `cnn`: the network's torso without its recurrent core."""
-        return {"gru": "auto"}.get(self.network, self.network.removesuffix("-gru"))
+        return "auto" if self.network == self.core else self.network.split("-")[0]
 
     @property
     def num_updates(self) -> int:
@@ -220,18 +228,21 @@ class ActorCritic(nn.Module):
     """pi(a|s) and V(s). MLP torso: separate actor and critic MLPs (images flattened). CNN torso:
     one shared CNN (Conv 16 3x3, Dense 128, as the MinAtar baselines, Young & Tian 2019,
     arXiv:1903.03176) with a policy head and a value head. Recurrent: the torso (one Dense
-    layer, or the CNN) feeds a GRU, whose output feeds an actor and a critic layer.
+    layer, or the CNN) feeds a recurrent core (GRU or LSTM), whose output feeds an actor and a
+    critic layer.
 
     `__call__(obs, hidden=None, first=None) -> (pi, value, memory)`. Feed-forward: `obs` has
     any leading axes and `memory` is None. Recurrent: `obs` [T, N, ...] is a time-major
-    sequence, `hidden` [N, H] the GRU state before it, `first` [T, N] the episode starts
-    (`common/nn.py`'s `GRU`), and `memory` [T, N, H] the GRU's output after each step."""
+    sequence, `hidden` [N, W] the core's state before it (W = H for the GRU, 2H for the LSTM's
+    c and h), `first` [T, N] the episode starts (`common/nn.py`'s `GRU`, `LSTM`), and `memory`
+    [T, N, W] the core's state after each step."""
 
     spec: EnvSpec
     hidden_size: int = 64
     activation: str = "tanh"
     cnn: bool = False
-    recurrent: bool = False
+    core: str | None = None
+    """The recurrent core (`gru`, `lstm`), or None: feed-forward."""
 
     @nn.compact
     def __call__(self, obs, hidden=None, first=None):
@@ -242,7 +253,7 @@ class ActorCritic(nn.Module):
             x = nn.relu(Conv(16, (3, 3), kernel_init=orthogonal(np.sqrt(2)))(obs))
             x = nn.relu(dense(128, np.sqrt(2))(x.reshape(x.shape[:-3] + (-1,))))
             actor, critic = x, x
-        elif self.recurrent:
+        elif self.core:
             obs = obs.reshape(obs.shape[:obs.ndim - len(self.spec.obs_shape)] + (-1,))
             x = act(dense(self.hidden_size, np.sqrt(2))(obs))
         else:
@@ -251,10 +262,11 @@ class ActorCritic(nn.Module):
             actor = act(dense(self.hidden_size, np.sqrt(2))(actor))
             critic = act(dense(self.hidden_size, np.sqrt(2))(obs))
             critic = act(dense(self.hidden_size, np.sqrt(2))(critic))
-        if self.recurrent:
-            _, memory = GRU(self.hidden_size)(hidden, x, first)
-            actor = act(dense(self.hidden_size, np.sqrt(2))(memory))
-            critic = act(dense(self.hidden_size, np.sqrt(2))(memory))
+        if self.core:
+            core = CORES[self.core]
+            _, memory = core(self.hidden_size)(hidden, x, first)
+            actor = act(dense(self.hidden_size, np.sqrt(2))(core.output(memory)))
+            critic = act(dense(self.hidden_size, np.sqrt(2))(core.output(memory)))
         value = dense(1, 1.0)(critic).squeeze(-1)
         if self.spec.discrete:
             pi = distrax.Categorical(logits=dense(self.spec.action_dim, 0.01)(actor))
@@ -278,7 +290,7 @@ class Transition(NamedTuple):
     behaviour_log_prob: jax.Array
     """log mu(a_t|s_t), recorded by the actor when it acted."""
     first: jax.Array | None = None
-    """Recurrent: the episode starts, where the GRU resets; None for a feed-forward network."""
+    """Recurrent: the episode starts, where the recurrent state resets; None: feed-forward."""
 
 
 class TrainState(NamedTuple):
@@ -380,7 +392,7 @@ def make_train(config: Config, live_progress: bool = False):
                          f"use --network mlp (or auto, gru).")
     cnn = config.torso == "cnn" or (config.torso == "auto" and spec.image_obs)
     recurrent = config.recurrent
-    network = ActorCritic(spec, config.hidden_size, config.activation, cnn, recurrent)
+    network = ActorCritic(spec, config.hidden_size, config.activation, cnn, config.core)
     num_updates, batch_size, lag = config.num_updates, config.batch_size, config.actor_lag
     envs_per_minibatch = config.num_envs // config.num_minibatches
 
@@ -403,12 +415,13 @@ def make_train(config: Config, live_progress: bool = False):
         return optax.chain(optax.clip_by_global_norm(hp.max_grad_norm), step)
 
     def initial_hidden(num_envs: int):
-        """The GRU state of environments before their first step (None: feed-forward)."""
-        return GRU.initial_state(num_envs, config.hidden_size) if recurrent else None
+        """The recurrent state of environments before their first step (None: feed-forward)."""
+        return CORES[config.core].initial_state(num_envs, config.hidden_size) if recurrent \
+            else None
 
     def next_values(params, next_obs, memory):
         """V(s'_t) of the observation each step t led to, before any reset, [T, N]. Recurrent:
-        one more GRU step from its output after s_t (the episode goes on: no reset)."""
+        one more step of the core from its state after s_t (the episode goes on: no reset)."""
         if not recurrent:
             return network.apply(params, next_obs)[1]
         steps, envs = next_obs.shape[:2]
@@ -418,7 +431,7 @@ def make_train(config: Config, live_progress: bool = False):
         return value.reshape(steps, envs)
 
     def loss_fn(params, hp: HParams, obs_stats, hidden, batch: Transition):
-        """The loss of a minibatch of trajectories [T, B] starting from GRU states `hidden`
+        """The loss of a minibatch of trajectories [T, B] starting from recurrent states `hidden`
         [B, H] (None: feed-forward), recomputed with the learner's parameters."""
         norm = (lambda obs: normalize.normalize(obs_stats, obs)) if config.normalize_obs \
             else (lambda obs: obs)
@@ -459,8 +472,8 @@ def make_train(config: Config, live_progress: bool = False):
         minibatch's gradient. Permuting only the local environments would need no gather but
         would split differently -- every minibatch would hold equally many trajectories from
         each device -- and the result would depend on D.
-        Recurrent: `hidden` [num_envs, H] holds each trajectory's GRU state at its start (the
-        behaviour policy's own), split with its trajectory; the learner recomputes the GRU
+        Recurrent: `hidden` [num_envs, H] holds each trajectory's recurrent state at its start (the
+        behaviour policy's own), split with its trajectory; the learner recomputes the core
         from it with its current parameters. None for a feed-forward network.
         Returns `(params, opt_state, info)`, `info` [update_epochs, num_minibatches].
         """
@@ -496,8 +509,8 @@ def make_train(config: Config, live_progress: bool = False):
 
     def policy(params, obs_stats):
         """mu(.|s) under `params`, as `rollout` calls it: `(key, obs, first, hidden) ->
-        (action, log mu(action|s), hidden)`, the GRU stepped once (and reset where `first`);
-        the GRU state it carries is the behaviour policy's own."""
+        (action, log mu(action|s), hidden)`, the core stepped once (and reset where `first`);
+        the recurrent state it carries is the behaviour policy's own."""
         def sample(key, obs, first, hidden):
             if config.normalize_obs:
                 obs = normalize.normalize(obs_stats, obs)
@@ -565,7 +578,7 @@ def make_train(config: Config, live_progress: bool = False):
 
     def act(state: TrainState, obs, first, hidden):
         """The learner's deterministic policy, for evaluation: `(mode of pi(.|obs), hidden)`,
-        the GRU state carried (and reset where `first`) as in the rollout."""
+        the recurrent state carried (and reset where `first`) as in the rollout."""
         if config.normalize_obs:
             obs = normalize.normalize(state.obs_stats, obs)
         if recurrent:

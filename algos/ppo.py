@@ -11,11 +11,11 @@ al. (2022), "The 37 Implementation Details of PPO" (ICLR blog track), and matchi
   rollout's values (`clip_vloss`), gradients are clipped by global norm (`max_grad_norm`),
   Adam uses eps=1e-5 and the learning rate is annealed linearly to 0 (`anneal_lr`);
 - separate actor and critic MLPs (64x64 tanh, orthogonal init, policy head scaled 0.01) or a
-  shared small CNN torso for image observations (MinAtar); optionally a GRU core
-  (`--network gru`) whose state is reset at every episode start and recomputed in the update
-  from the state stored at the rollout's start, minibatches splitting environments, never time
-  (truncated backpropagation through time, as in recurrent PPO implementations since OpenAI
-  Baselines' `ppo2` with `nminibatches` over environments);
+  shared small CNN torso for image observations (MinAtar); optionally a GRU or LSTM core
+  (`--network gru`, `lstm`) whose state is reset at every episode start and recomputed in the
+  update from the state stored at the rollout's start, minibatches splitting environments,
+  never time (truncated backpropagation through time, as in recurrent PPO implementations
+  since OpenAI Baselines' `ppo2` with `nminibatches` over environments);
 - a time-limit truncation bootstraps from the final observation instead of being treated as
   a terminal state (Pardo et al. 2018, arXiv:1712.00378) -- see `common/gae.py`;
 - optional early stop of an update's epochs when the approximate KL exceeds `target_kl`.
@@ -47,7 +47,7 @@ from common.distributed import pmean
 from common.envs import EnvSpec, check_env_id, make_env
 from common.gae import gae
 from common.minibatch import flat_optimizer, sgd_scan, shuffled_minibatches
-from common.nn import GRU, Conv, Dense, orthogonal
+from common.nn import CORES, Conv, Dense, orthogonal
 from common.rollout import EnvState, finished_episode_stats, reset, rollout
 from common.validate import check_fields, one_of, optional_positive, require
 
@@ -110,11 +110,13 @@ class Config:
     """Width of the two hidden layers of the actor and critic MLPs."""
     activation: Literal["tanh", "relu"] = "tanh"
     """Activation of the MLPs (the CNN torso always uses ReLU)."""
-    network: Literal["auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru"] = "auto"
+    network: Literal["auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru", "lstm", "mlp-lstm",
+                     "cnn-lstm"] = "auto"
     """Torso: `auto` picks the CNN for image observations (MinAtar) and the MLPs otherwise;
     `mlp` flattens images into the MLPs (PureJaxRL's MinAtar baseline, much cheaper on a CPU).
     `gru` adds a recurrent core of `hidden_size` units after the `auto` torso (`mlp-gru`,
-    `cnn-gru`: after that torso): a policy with memory, for partially observed tasks."""
+    `cnn-gru`: after that torso): a policy with memory, for partially observed tasks; `lstm`
+    (`mlp-lstm`, `cnn-lstm`) an LSTM core instead (`common/nn.py`)."""
 
     def __post_init__(self):  # plain Python: building a Config starts no JAX backend
         check_fields(self, wide=("total_timesteps",))  # types first: ints, finite float32s
@@ -125,7 +127,8 @@ class Config:
         require(self, "nonnegative", "ent_coef", "vf_coef")
         optional_positive(self, "target_kl")
         one_of(self, "activation", ("tanh", "relu"))
-        one_of(self, "network", ("auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru"))
+        one_of(self, "network", ("auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru", "lstm",
+                                 "mlp-lstm", "cnn-lstm"))
         if self.batch_size % self.num_minibatches:
             raise ValueError(
                 f"num_envs * num_steps = {self.batch_size} is not divisible by "
@@ -145,14 +148,19 @@ class Config:
         return self.num_envs * self.num_steps
 
     @property
+    def core(self) -> str | None:
+        """The recurrent core, `gru` or `lstm` (`common/nn.py`'s `CORES`); None: feed-forward."""
+        return next((c for c in ("gru", "lstm") if self.network.endswith(c)), None)
+
+    @property
     def recurrent(self) -> bool:
-        """The network has a GRU core."""
-        return self.network.endswith("gru")
+        """The network has a recurrent core."""
+        return self.core is not None
 
     @property
     def torso(self) -> str:
         """`auto`, `mlp` or `cnn`: the network's torso without its recurrent core."""
-        return {"gru": "auto"}.get(self.network, self.network.removesuffix("-gru"))
+        return "auto" if self.network == self.core else self.network.split("-")[0]
 
     @property
     def minibatch_size(self) -> int:
@@ -191,18 +199,21 @@ class ActorCritic(nn.Module):
     """pi(a|s) and V(s). MLP torso: separate actor and critic MLPs (images flattened). CNN torso:
     one shared CNN (Conv 16 3x3, Dense 128, as the MinAtar baselines, Young & Tian 2019,
     arXiv:1903.03176) with a policy head and a value head. Recurrent: the torso (one Dense
-    layer, or the CNN) feeds a GRU, whose output feeds an actor and a critic layer.
+    layer, or the CNN) feeds a recurrent core (GRU or LSTM), whose output feeds an actor and a
+    critic layer.
 
     `__call__(obs, hidden=None, first=None) -> (pi, value, memory)`. Feed-forward: `obs` has
     any leading axes and `memory` is None. Recurrent: `obs` [T, N, ...] is a time-major
-    sequence, `hidden` [N, H] the GRU state before it, `first` [T, N] the episode starts
-    (`common/nn.py`'s `GRU`), and `memory` [T, N, H] the GRU's output after each step."""
+    sequence, `hidden` [N, W] the core's state before it (W = H for the GRU, 2H for the LSTM's
+    c and h), `first` [T, N] the episode starts (`common/nn.py`'s `GRU`, `LSTM`), and `memory`
+    [T, N, W] the core's state after each step."""
 
     spec: EnvSpec
     hidden_size: int = 64
     activation: str = "tanh"
     cnn: bool = False
-    recurrent: bool = False
+    core: str | None = None
+    """The recurrent core (`gru`, `lstm`), or None: feed-forward."""
 
     @nn.compact
     def __call__(self, obs, hidden=None, first=None):
@@ -213,7 +224,7 @@ class ActorCritic(nn.Module):
             x = nn.relu(Conv(16, (3, 3), kernel_init=orthogonal(np.sqrt(2)))(obs))
             x = nn.relu(dense(128, np.sqrt(2))(x.reshape(x.shape[:-3] + (-1,))))
             actor, critic = x, x
-        elif self.recurrent:
+        elif self.core:
             obs = obs.reshape(obs.shape[:obs.ndim - len(self.spec.obs_shape)] + (-1,))
             x = act(dense(self.hidden_size, np.sqrt(2))(obs))
         else:
@@ -222,10 +233,11 @@ class ActorCritic(nn.Module):
             actor = act(dense(self.hidden_size, np.sqrt(2))(actor))
             critic = act(dense(self.hidden_size, np.sqrt(2))(obs))
             critic = act(dense(self.hidden_size, np.sqrt(2))(critic))
-        if self.recurrent:
-            _, memory = GRU(self.hidden_size)(hidden, x, first)
-            actor = act(dense(self.hidden_size, np.sqrt(2))(memory))
-            critic = act(dense(self.hidden_size, np.sqrt(2))(memory))
+        if self.core:
+            core = CORES[self.core]
+            _, memory = core(self.hidden_size)(hidden, x, first)
+            actor = act(dense(self.hidden_size, np.sqrt(2))(core.output(memory)))
+            critic = act(dense(self.hidden_size, np.sqrt(2))(core.output(memory)))
         value = dense(1, 1.0)(critic).squeeze(-1)
         if self.spec.discrete:
             pi = distrax.Categorical(logits=dense(self.spec.action_dim, 0.01)(actor))
@@ -242,7 +254,7 @@ class PolicyInfo(NamedTuple):
     log_prob: jax.Array
     value: jax.Array
     memory: jax.Array | None
-    """The GRU's output after this step (recurrent), for the bootstrap value; else None."""
+    """The recurrent core's state after this step, for the bootstrap value; else None."""
 
 
 class Transition(NamedTuple):
@@ -259,7 +271,7 @@ class Transition(NamedTuple):
     ret: jax.Array
     """The GAE return target, advantage + value."""
     first: jax.Array | None = None
-    """Recurrent: the episode starts, where the GRU resets; None for a feed-forward network."""
+    """Recurrent: the episode starts, where the recurrent state resets; None: feed-forward."""
 
 
 class TrainState(NamedTuple):
@@ -348,7 +360,7 @@ def make_train(config: Config, live_progress: bool = False):
                          f"use --network mlp (or auto, gru).")
     cnn = config.torso == "cnn" or (config.torso == "auto" and spec.image_obs)
     recurrent = config.recurrent
-    network = ActorCritic(spec, config.hidden_size, config.activation, cnn, recurrent)
+    network = ActorCritic(spec, config.hidden_size, config.activation, cnn, config.core)
     num_updates, batch_size = config.num_updates, config.batch_size
 
     def learning_rate(hp: HParams, update):
@@ -365,12 +377,13 @@ def make_train(config: Config, live_progress: bool = False):
                                           optax.adam(lr, eps=hp.opt_eps)))
 
     def initial_hidden(num_envs: int):
-        """The GRU state of environments before their first step (None: feed-forward)."""
-        return GRU.initial_state(num_envs, config.hidden_size) if recurrent else None
+        """The recurrent state of environments before their first step (None: feed-forward)."""
+        return CORES[config.core].initial_state(num_envs, config.hidden_size) if recurrent \
+            else None
 
     def next_values(params, next_obs, memory):
         """V(s'_t) of the observation each step t led to, before any reset, [T, N]. Recurrent:
-        one more GRU step from its output after s_t (the episode goes on: no reset)."""
+        one more step of the core from its state after s_t (the episode goes on: no reset)."""
         if not recurrent:
             return network.apply(params, next_obs)[1]
         steps, envs = next_obs.shape[:2]
@@ -381,7 +394,7 @@ def make_train(config: Config, live_progress: bool = False):
 
     def loss_fn(params, hp: HParams, obs_stats, minibatch):
         hidden, batch = minibatch  # recurrent: [envs] start states and [envs, T] sequences
-        if recurrent:  # time-major for the GRU's scan: [T, envs]
+        if recurrent:  # time-major for the core's scan: [T, envs]
             batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)
         obs = normalize.normalize(obs_stats, batch.obs) if config.normalize_obs else batch.obs
         pi, value, _ = network.apply(params, obs, hidden, batch.first)
@@ -419,7 +432,7 @@ def make_train(config: Config, live_progress: bool = False):
         """The epochs of minibatch SGD on one global batch `data`, at the learning rate of
         update number `update`. Feed-forward: `data` holds single samples [batch_size] and
         `hidden` is None; recurrent: whole sequences [num_envs, T] and `hidden` [num_envs, H]
-        the GRU state at each one's start, so that a minibatch is a set of environments, their
+        the recurrent state at each one's start, so that a minibatch is a set of environments, their
         sequences recomputed from their stored start states.
 
         Every device shuffles the same batch with the same key; in data-parallel runs each
@@ -455,7 +468,7 @@ def make_train(config: Config, live_progress: bool = False):
 
     def policy(params, obs_stats):
         """pi(.|s) under `params`, as `rollout` calls it: `(key, obs, first, hidden) ->
-        (action, PolicyInfo, hidden)`, the GRU stepped once (and reset where `first`)."""
+        (action, PolicyInfo, hidden)`, the core stepped once (and reset where `first`)."""
         def sample(key, obs, first, hidden):
             if config.normalize_obs:
                 obs = normalize.normalize(obs_stats, obs)
@@ -530,7 +543,7 @@ def make_train(config: Config, live_progress: bool = False):
         return TrainState(params, opt_state, obs_stats, reward_stats, env_state, key), metrics
 
     def act(state: TrainState, obs, first, hidden):
-        """The deterministic policy, for evaluation: `(mode of pi(.|obs), hidden)`, the GRU
+        """The deterministic policy, for evaluation: `(mode of pi(.|obs), hidden)`, the core
         state carried (and reset where `first`) as in the rollout."""
         if config.normalize_obs:
             obs = normalize.normalize(state.obs_stats, obs)

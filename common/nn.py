@@ -1,10 +1,11 @@
 """The layers all three algorithms build their networks from: `Dense`, `Conv`, `orthogonal`,
-and the recurrent core `GRU`.
+and the recurrent cores `GRU` and `LSTM` (`CORES`).
 
 `orthogonal`, `Dense` and `Conv` are drop-ins for their flax counterparts (the same parameter
 names, shapes, initialisation and outputs, to float rounding); they differ only in how XLA
-runs them. `GRU` has `flax.linen.GRUCell`'s equations, initialisation and outputs, with its
-gates' kernels stored side by side (so its parameter tree is not the cell's).
+runs them. `GRU` and `LSTM` have `flax.linen.GRUCell`'s and `LSTMCell`'s equations,
+initialisation and outputs, with their gates' kernels stored side by side (so their parameter
+trees are not the cells').
 
 - `orthogonal(scale)`: `flax.linen.initializers.orthogonal` (Saxe, McClelland, Ganguli 2014,
   arXiv:1312.6120, the initialiser of PPO, A2C and IMPALA implementations since OpenAI
@@ -25,7 +26,8 @@ gates' kernels stored side by side (so its parameter tree is not the cell's).
   seed) as a grouped convolution, slower still; a matrix product batches well.
 - `GRU`: `flax.linen.GRUCell` (Cho et al. 2014, arXiv:1406.1078) scanned over a leading time
   axis, its state reset to zeros at the first step of every episode, with the gates' products
-  batched (below).
+  batched (below). `LSTM`: `flax.linen.LSTMCell` the same way, its state `c` and `h` side by
+  side in one array, so that both cores carry one [N, width] array per environment.
 """
 
 import functools
@@ -117,6 +119,14 @@ class Conv(nn.Module):
         return conv_same(x, kernel, bias)
 
 
+def gates_orthogonal(key, shape, dtype=jnp.float32):
+    """A recurrent kernel [H, k H] of k gates side by side, each gate's [H, H] block drawn
+    orthogonal on its own (flax's recurrent cells initialise each gate's kernel so)."""
+    h_size, gates = shape[0], shape[1] // shape[0]
+    return jnp.concatenate([orthogonal()(k, (h_size, h_size), dtype)
+                            for k in jax.random.split(key, gates)], axis=1)
+
+
 class GRU(nn.Module):
     """A GRU core over time-major sequences, reset at episode starts:
 
@@ -146,13 +156,14 @@ class GRU(nn.Module):
         """h for environments that have not started an episode yet: zeros [num_envs, H]."""
         return jnp.zeros((num_envs, features), jnp.float32)
 
+    @staticmethod
+    def output(states):
+        """The output after each step: the state h itself."""
+        return states
+
     @nn.compact
     def __call__(self, hidden, x, first):
         h_size = self.features
-
-        def gates_orthogonal(key, shape, dtype=jnp.float32):  # each gate's [H, H] block
-            return jnp.concatenate([orthogonal()(k, (h_size, h_size), dtype)
-                                    for k in jax.random.split(key, 3)], axis=1)
 
         w_i = self.param("input_kernel", nn.initializers.lecun_normal(),
                          (x.shape[-1], 3 * h_size))
@@ -172,3 +183,59 @@ class GRU(nn.Module):
             return h, h
 
         return lax.scan(step, hidden, (x_gates, first))
+
+
+class LSTM(nn.Module):
+    """An LSTM core over time-major sequences, reset at episode starts (Hochreiter &
+    Schmidhuber 1997, with a forget gate, Gers et al. 2000):
+
+        (c_t, h_t) = LSTMCell(0 if first_t else (c_{t-1}, h_{t-1}), x_t)
+        i = s(x W_ii + h W_hi + b_i),  f = s(x W_if + h W_hf + b_f),
+        g = tanh(x W_ig + h W_hg + b_g),  o = s(x W_io + h W_ho + b_o),
+        c' = f c + i g,  h' = o tanh(c')
+
+    (`flax.linen.LSTMCell`'s equations and initialisation: LeCun-normal input kernels,
+    orthogonal recurrent ones, zero biases.) The interface is `GRU`'s, with the state
+    [N, 2H] holding `c` and `h` side by side: `__call__(state, x, first)` returns
+    `(state_{T-1}, states)`, `states` [T, N, 2H] the state after each step, whose last H
+    entries, `h`, are the output (`output`). The gates' kernels are stored side by side
+    (`input_kernel` [F, 4H], `recurrent_kernel` [H, 4H], in the order i, f, g, o) and the
+    input products of all T steps are one product before the loop, as in `GRU`.
+    """
+
+    features: int
+
+    @staticmethod
+    def initial_state(num_envs: int, features: int):
+        """(c, h) for environments that have not started an episode yet: zeros [num_envs, 2H]."""
+        return jnp.zeros((num_envs, 2 * features), jnp.float32)
+
+    @staticmethod
+    def output(states):
+        """h, the last half of the state: [..., 2H] -> [..., H]."""
+        return states[..., states.shape[-1] // 2:]
+
+    @nn.compact
+    def __call__(self, state, x, first):
+        h_size = self.features
+        w_i = self.param("input_kernel", nn.initializers.lecun_normal(),
+                         (x.shape[-1], 4 * h_size))
+        w_h = self.param("recurrent_kernel", gates_orthogonal, (h_size, 4 * h_size))
+        b = self.param("bias", nn.initializers.zeros, (4 * h_size,))
+        x_gates = matmul(x, w_i) + b  # [T, N, 4H]: every step's input products at once
+
+        def step(state, inputs):
+            x_t, first_t = inputs
+            state = jnp.where(first_t[:, None], jnp.zeros_like(state), state)
+            c, h = state[:, :h_size], state[:, h_size:]
+            gates = x_t + matmul(h, w_h)
+            i, f, g, o = (gates[:, k * h_size:(k + 1) * h_size] for k in range(4))
+            c = nn.sigmoid(f) * c + nn.sigmoid(i) * jnp.tanh(g)
+            h = nn.sigmoid(o) * jnp.tanh(c)
+            state = jnp.concatenate([c, h], axis=-1)
+            return state, state
+
+        return lax.scan(step, state, (x_gates, first))
+
+CORES = {"gru": GRU, "lstm": LSTM}
+"""The recurrent cores by their `--network` name."""

@@ -63,9 +63,11 @@ class TinyRun:
 
 @functools.cache
 def tiny_run(algo: str, network: str = "auto") -> TinyRun:
-    """The `TinyRun` of `algo`, shared by every test of this process; `network="gru"`: the
-    same run with a small recurrent network on velocity-hidden CartPole (`GRU_RUN`)."""
-    return TinyRun(algo, **(GRU_RUN if network == "gru" else {}))
+    """The `TinyRun` of `algo`, shared by every test of this process; `network="gru"` or
+    `"lstm"`: the same run with a small recurrent network on velocity-hidden CartPole
+    (`GRU_RUN`, with that core)."""
+    recurrent = {**GRU_RUN, "network": network} if network in ("gru", "lstm") else {}
+    return TinyRun(algo, **recurrent)
 
 
 GRU_RUN = dict(env_id="MaskedCartPole-v1", network="gru", hidden_size=16)

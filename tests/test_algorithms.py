@@ -44,10 +44,11 @@ def tiny(request):
     return tiny_run(request.param)
 
 
-@pytest.fixture(params=[(a, n) for n in ("auto", "gru") for a in ALGOS],
+@pytest.fixture(params=[(a, n) for n in ("auto", "gru") for a in ALGOS] + [("impala", "lstm")],
                 ids=lambda p: "-".join(p))
 def tiny_or_gru(request):
-    """Each algorithm's tiny run, and the same with a recurrent network."""
+    """Each algorithm's tiny run, and the same with a recurrent network (the GRU; the LSTM,
+    which differs only in the core, `test_recurrent.py`, for IMPALA, whose agent it is)."""
     return tiny_run(*request.param)
 
 

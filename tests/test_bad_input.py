@@ -74,7 +74,7 @@ CATALOGUE = [
     ("ppo", ["--network", "gru", "--num-envs", "6", "--num-steps", "8"],
      "--network gru splits minibatches by environment (whole sequences), but --num-envs 6 is "
      "not divisible by --num-minibatches 4"),
-    ("a2c", ["--network", "lstm"], "invalid choice 'lstm' for argument '--network'"),
+    ("a2c", ["--network", "cnn-lstm"], "--network cnn-lstm needs image observations"),
     # --- sizes ---
     ("ppo", ["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "not divisible"),
     ("impala", ["--num-envs", "6", "--num-minibatches", "4"], "not divisible"),
@@ -157,6 +157,7 @@ CATALOGUE = [
     ("a2c", ["--resume", "{ckpt}"], "'{ckpt}' holds a ppo run; resume it with algos/ppo.py"),
     ("ppo", ["--resume", "{ckpt}", "--normalize-reward"], "normalize_reward: False -> True"),
     ("a2c", ["--resume", "{gru}", "--network", "mlp"], "network: 'gru' -> 'mlp'"),
+    ("a2c", ["--resume", "{gru}", "--network", "lstm"], "network: 'gru' -> 'lstm'"),
     ("ppo", ["--resume", "{ckpt}", "--network", "gru"], "network: 'auto' -> 'gru'"),
     # --- the evaluate entry point ---
     ("evaluate", ["{missing}"], "no checkpoint file at '{missing}'"),

@@ -1,6 +1,6 @@
-"""Recurrent policies (`--network gru`) of all three algorithms.
+"""Recurrent policies (`--network gru`, `--network lstm`) of all three algorithms.
 
-The GRU core against a NumPy loop of its equations; each algorithm's own rollout policy resets
+The GRU and LSTM cores against NumPy loops of their equations; each algorithm's own rollout policy resets
 the state at every episode start (a state leaking across an automatic reset would show) and the
 update's recomputation from the state stored at the rollout's start gives the values recorded
 while acting; evaluation carries the state through an episode. The `make_train` contract with a
@@ -15,7 +15,7 @@ import pytest
 
 from common.envs import make_env
 from common.evaluate import evaluate, record_episode
-from common.nn import GRU
+from common.nn import GRU, LSTM
 from common.rollout import rollout
 from helpers import ALGOS, tiny_run
 
@@ -69,18 +69,72 @@ def test_gru_matches_its_equations_and_resets_where_an_episode_starts():
                                atol=1e-7)
 
 
+def numpy_lstm(p, state, xs, firsts):
+    """The LSTM with a forget gate (Hochreiter & Schmidhuber 1997; Gers et al. 2000) as flax's
+    `LSTMCell` writes it, one step at a time:
+        i = s(x W_ii + h W_hi + b_i),  f = s(x W_if + h W_hf + b_f),
+        g = tanh(x W_ig + h W_hg + b_g),  o = s(x W_io + h W_ho + b_o),
+        c' = f c + i g,  h' = o tanh(c')
+    with (c, h) set to 0 before every step whose `first` flag is set; the state is [c, h]."""
+    sig = lambda a: 1.0 / (1.0 + np.exp(-a))  # noqa: E731
+    q = {name: np.asarray(v, np.float64) for name, v in p["params"].items()}
+    w_ii, w_if, w_ig, w_io = np.split(q["input_kernel"], 4, axis=1)
+    w_hi, w_hf, w_hg, w_ho = np.split(q["recurrent_kernel"], 4, axis=1)
+    b_i, b_f, b_g, b_o = np.split(q["bias"], 4)
+    c, h = np.split(np.asarray(state, np.float64), 2, axis=1)
+    out = []
+    for x, first in zip(np.asarray(xs, np.float64), np.asarray(firsts)):
+        c, h = np.where(first[:, None], 0.0, c), np.where(first[:, None], 0.0, h)
+        i = sig(x @ w_ii + h @ w_hi + b_i)
+        f = sig(x @ w_if + h @ w_hf + b_f)
+        g = np.tanh(x @ w_ig + h @ w_hg + b_g)
+        o = sig(x @ w_io + h @ w_ho + b_o)
+        c = f * c + i * g
+        h = o * np.tanh(c)
+        out.append(np.concatenate([c, h], axis=1))
+    return out[-1], np.stack(out)
+
+
+def test_lstm_matches_its_equations_and_resets_where_an_episode_starts():
+    keys = jax.random.split(jax.random.PRNGKey(1), 4)
+    steps, envs, features, width = 7, 3, 5, 4
+    xs = jax.random.normal(keys[0], (steps, envs, features))
+    state0 = jax.random.normal(keys[1], (envs, 2 * width))
+    firsts = jnp.zeros((steps, envs), bool).at[2, 1].set(True).at[6, 0].set(True)
+    lstm = LSTM(width)
+    params = lstm.init(keys[2], state0, xs, firsts)
+    assert LSTM.initial_state(envs, width).shape == state0.shape
+    params = jax.tree.map(  # the bias away from its zero init, so that it is checked too
+        lambda x: x + 0.3 * jax.random.normal(keys[3], x.shape) if x.ndim == 1 else x, params)
+    for block in np.split(np.asarray(params["params"]["recurrent_kernel"]), 4, axis=1):
+        np.testing.assert_allclose(block.T @ block, np.eye(width), atol=1e-5)  # orthogonal
+    last, states = jax.jit(lstm.apply)(params, state0, xs, firsts)
+    want_last, want = numpy_lstm(params, state0, xs, firsts)
+    np.testing.assert_allclose(states, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(last, want_last, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(LSTM.output(states), states[..., width:])  # h, not c
+    _, leaked = numpy_lstm(params, state0, xs, jnp.zeros_like(firsts))
+    assert np.abs(leaked[2:, 1] - want[2:, 1]).min() > 1e-4  # the reset matters (c and h)
+    np.testing.assert_allclose(leaked[:, 2], want[:, 2], rtol=1e-5, atol=1e-6)  # no reset in 2
+    mid, first_half = lstm.apply(params, state0, xs[:4], firsts[:4])
+    _, second_half = lstm.apply(params, mid, xs[4:], firsts[4:])
+    np.testing.assert_allclose(jnp.concatenate([first_half, second_half]), states, rtol=1e-6,
+                               atol=1e-7)
+
+
+@pytest.mark.parametrize("core", ["gru", "lstm"])
 @pytest.mark.parametrize("algo", ALGOS)
-def test_each_policy_resets_at_episode_starts_and_the_update_recomputes_what_it_saw(algo):
+def test_each_policy_resets_at_episode_starts_and_the_update_recomputes_what_it_saw(algo, core):
     """The algorithm's own rollout policy on velocity-hidden CartPole, 64 steps (many automatic
-    resets): at every step that starts an episode the GRU output is the one from a zero state,
-    not the one continuing the previous episode's state; and the whole rollout recomputed from
-    the state stored at its start (as the update does) gives the outputs recorded while
-    acting."""
-    run = tiny_run(algo, "gru")
+    resets): at every step that starts an episode the core's state is the one from a zero
+    state, not the one continuing the previous episode's state; and the whole rollout
+    recomputed from the state stored at its start (as the update does) gives the states
+    recorded while acting."""
+    run = tiny_run(algo, core)
     env, env_params, spec = make_env(run.config.env_id)
     state = run.init(run.keys[0], run.hp)
     network = run.module.ActorCritic(spec, run.config.hidden_size, run.config.activation,
-                                     False, True)
+                                     False, core)
     policy = run.train.policy(state.params, state.obs_stats)
 
     def recording(key, obs, first, hidden):  # the algorithm's policy, its new state recorded
@@ -114,12 +168,12 @@ def test_each_policy_resets_at_episode_starts_and_the_update_recomputes_what_it_
         np.testing.assert_allclose(pi.log_prob(traj.action), info, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("algo", ["ppo", "impala"])
-def test_with_a_zero_learning_rate_the_learner_sees_the_policy_that_acted(algo):
+@pytest.mark.parametrize("algo,core", [("ppo", "gru"), ("impala", "gru"), ("impala", "lstm")])
+def test_with_a_zero_learning_rate_the_learner_sees_the_policy_that_acted(algo, core):
     """No step changes the parameters, so the learner's recomputed policy over every minibatch
     of whole sequences must be the one that acted: KL(acting || learner) = 0 in every update
-    (a GRU state not reset, or not recomputed from the stored start, would show here)."""
-    run = tiny_run(algo, "gru")
+    (a recurrent state not reset, or not recomputed from the stored start, would show here)."""
+    run = tiny_run(algo, core)
     frozen = run.hp._replace(learning_rate=jnp.float32(0))
     state = run.init(run.keys[0], frozen)
     sharper = {f: jax.tree.map(lambda x: 4.0 * x, getattr(state, f))  # far from uniform: a
@@ -132,8 +186,9 @@ def test_with_a_zero_learning_rate_the_learner_sees_the_policy_that_acted(algo):
         np.testing.assert_allclose(metrics["mean_clipped_rho"], 1.0, atol=1e-5)
 
 
-def test_evaluation_carries_the_state_through_the_episode():
-    run = tiny_run("ppo", "gru")
+@pytest.mark.parametrize("core", ["gru", "lstm"])
+def test_evaluation_carries_the_state_through_the_episode(core):
+    run = tiny_run("ppo", core)
     env, env_params, spec = make_env(run.config.env_id)
     state = run.init(run.keys[0], run.hp)
     obs = jax.random.normal(jax.random.PRNGKey(2), (5, 3, 2))
@@ -144,7 +199,7 @@ def test_evaluation_carries_the_state_through_the_episode():
         action, hidden = run.train.act(state, obs[t], first[t], hidden)
         actions.append(action)
     network = run.module.ActorCritic(spec, run.config.hidden_size, run.config.activation,
-                                     False, True)
+                                     False, core)
     pi, _, memory = network.apply(state.params, obs, run.train.initial_hidden(3), first)
     np.testing.assert_array_equal(np.stack(actions), pi.mode())
     np.testing.assert_allclose(hidden, memory[-1], rtol=1e-6)
