@@ -93,12 +93,13 @@ def describe(path):
     algo, env_id, *tag = name.split("__")
     config = record["config"]
     network = config.get("network", "auto")
-    torso = {"gru": "auto"}.get(network, network.removesuffix("-gru"))
+    core = next((c for c in ("gru", "lstm") if network.endswith(c)), None)
+    torso = "auto" if network == core else network.split("-")[0]
     cnn = torso == "cnn" or (torso == "auto" and env_id.endswith("MinAtar"))
     final = final_return(np.asarray(record["episodic_return"], float))
     return dict(algo=algo, env_id=env_id, tag=tag[0] if tag else "",
                 where="GPU" if os.sep + "gpu" + os.sep in path else "CPU",
-                network=("CNN" if cnn else "MLP") + ("-GRU" if network.endswith("gru") else ""),
+                network=("CNN" if cnn else "MLP") + (f"-{core.upper()}" if core else ""),
                 steps=record["global_step"][-1],
                 seeds=len(final), mean=final.mean(), std=final.std(), worst=final.min(),
                 command=command(record["command"]))
