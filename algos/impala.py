@@ -265,8 +265,9 @@ class ActorCritic(nn.Module):
         if self.core:
             core = CORES[self.core]
             _, memory = core(self.hidden_size)(hidden, x, first)
-            actor = act(dense(self.hidden_size, np.sqrt(2))(core.output(memory)))
-            critic = act(dense(self.hidden_size, np.sqrt(2))(core.output(memory)))
+            out = core.output(memory)  # the LSTM's h of its state [c, h]; the GRU's state
+            actor = act(dense(self.hidden_size, np.sqrt(2))(out))
+            critic = act(dense(self.hidden_size, np.sqrt(2))(out))
         value = dense(1, 1.0)(critic).squeeze(-1)
         if self.spec.discrete:
             pi = distrax.Categorical(logits=dense(self.spec.action_dim, 0.01)(actor))

@@ -237,5 +237,6 @@ class LSTM(nn.Module):
 
         return lax.scan(step, state, (x_gates, first))
 
+
 CORES = {"gru": GRU, "lstm": LSTM}
 """The recurrent cores by their `--network` name."""

@@ -42,33 +42,6 @@ def numpy_gru(p, h, xs, firsts):
     return h, np.stack(out)
 
 
-def test_gru_matches_its_equations_and_resets_where_an_episode_starts():
-    keys = jax.random.split(jax.random.PRNGKey(0), 4)
-    steps, envs, features, width = 7, 3, 5, 4
-    xs = jax.random.normal(keys[0], (steps, envs, features))
-    h0 = jax.random.normal(keys[1], (envs, width))
-    firsts = jnp.zeros((steps, envs), bool).at[3, 0].set(True).at[5, 2].set(True)
-    gru = GRU(width)
-    params = gru.init(keys[2], h0, xs, firsts)
-    params = jax.tree.map(  # biases away from their zero init, so that they are checked too
-        lambda x: x + 0.3 * jax.random.normal(keys[3], x.shape) if x.ndim == 1 else x, params)
-    for block in np.split(np.asarray(params["params"]["recurrent_kernel"]), 3, axis=1):
-        np.testing.assert_allclose(block.T @ block, np.eye(width), atol=1e-5)  # orthogonal
-    last, ys = jax.jit(gru.apply)(params, h0, xs, firsts)
-    want_last, want = numpy_gru(params, h0, xs, firsts)
-    np.testing.assert_allclose(ys, want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(last, want_last, rtol=1e-5, atol=1e-6)
-    # the reset matters: without it, environment 0 from step 3 on is another sequence
-    _, leaked = numpy_gru(params, h0, xs, jnp.zeros_like(firsts))
-    assert np.abs(leaked[3:, 0] - want[3:, 0]).min() > 1e-4
-    np.testing.assert_allclose(leaked[:, 1], want[:, 1], rtol=1e-5, atol=1e-6)  # no reset in 1
-    # a sequence cut in two and continued from the state in between is the same sequence
-    mid, first_half = gru.apply(params, h0, xs[:4], firsts[:4])
-    _, second_half = gru.apply(params, mid, xs[4:], firsts[4:])
-    np.testing.assert_allclose(jnp.concatenate([first_half, second_half]), ys, rtol=1e-6,
-                               atol=1e-7)
-
-
 def numpy_lstm(p, state, xs, firsts):
     """The LSTM with a forget gate (Hochreiter & Schmidhuber 1997; Gers et al. 2000) as flax's
     `LSTMCell` writes it, one step at a time:
@@ -95,29 +68,38 @@ def numpy_lstm(p, state, xs, firsts):
     return out[-1], np.stack(out)
 
 
-def test_lstm_matches_its_equations_and_resets_where_an_episode_starts():
-    keys = jax.random.split(jax.random.PRNGKey(1), 4)
+@pytest.mark.parametrize("core,reference,gates,width_factor",
+                         [(GRU, numpy_gru, 3, 1), (LSTM, numpy_lstm, 4, 2)], ids=["gru", "lstm"])
+def test_core_matches_its_equations_and_resets_where_an_episode_starts(core, reference, gates,
+                                                                        width_factor):
+    """The core against its NumPy loop: outputs and last state, a reset that matters where an
+    episode starts (for the LSTM, of both c and h) and none elsewhere, and a sequence cut in two
+    continued from the state in between. The state is [N, width_factor * width]; the output its
+    last `width` entries (the GRU's h; the LSTM's h, not c)."""
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
     steps, envs, features, width = 7, 3, 5, 4
     xs = jax.random.normal(keys[0], (steps, envs, features))
-    state0 = jax.random.normal(keys[1], (envs, 2 * width))
-    firsts = jnp.zeros((steps, envs), bool).at[2, 1].set(True).at[6, 0].set(True)
-    lstm = LSTM(width)
-    params = lstm.init(keys[2], state0, xs, firsts)
-    assert LSTM.initial_state(envs, width).shape == state0.shape
-    params = jax.tree.map(  # the bias away from its zero init, so that it is checked too
+    state0 = jax.random.normal(keys[1], (envs, width_factor * width))
+    assert core.initial_state(envs, width).shape == state0.shape
+    firsts = jnp.zeros((steps, envs), bool).at[3, 0].set(True).at[5, 2].set(True)
+    module = core(width)
+    params = module.init(keys[2], state0, xs, firsts)
+    params = jax.tree.map(  # biases away from their zero init, so that they are checked too
         lambda x: x + 0.3 * jax.random.normal(keys[3], x.shape) if x.ndim == 1 else x, params)
-    for block in np.split(np.asarray(params["params"]["recurrent_kernel"]), 4, axis=1):
+    for block in np.split(np.asarray(params["params"]["recurrent_kernel"]), gates, axis=1):
         np.testing.assert_allclose(block.T @ block, np.eye(width), atol=1e-5)  # orthogonal
-    last, states = jax.jit(lstm.apply)(params, state0, xs, firsts)
-    want_last, want = numpy_lstm(params, state0, xs, firsts)
+    last, states = jax.jit(module.apply)(params, state0, xs, firsts)
+    want_last, want = reference(params, state0, xs, firsts)
     np.testing.assert_allclose(states, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(last, want_last, rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(LSTM.output(states), states[..., width:])  # h, not c
-    _, leaked = numpy_lstm(params, state0, xs, jnp.zeros_like(firsts))
-    assert np.abs(leaked[2:, 1] - want[2:, 1]).min() > 1e-4  # the reset matters (c and h)
-    np.testing.assert_allclose(leaked[:, 2], want[:, 2], rtol=1e-5, atol=1e-6)  # no reset in 2
-    mid, first_half = lstm.apply(params, state0, xs[:4], firsts[:4])
-    _, second_half = lstm.apply(params, mid, xs[4:], firsts[4:])
+    np.testing.assert_array_equal(core.output(states), states[..., -width:])
+    # the reset matters: without it, environment 0 from step 3 on is another sequence
+    _, leaked = reference(params, state0, xs, jnp.zeros_like(firsts))
+    assert np.abs(leaked[3:, 0] - want[3:, 0]).min() > 1e-4
+    np.testing.assert_allclose(leaked[:, 1], want[:, 1], rtol=1e-5, atol=1e-6)  # no reset in 1
+    # a sequence cut in two and continued from the state in between is the same sequence
+    mid, first_half = module.apply(params, state0, xs[:4], firsts[:4])
+    _, second_half = module.apply(params, mid, xs[4:], firsts[4:])
     np.testing.assert_allclose(jnp.concatenate([first_half, second_half]), states, rtol=1e-6,
                                atol=1e-7)
 
