@@ -260,16 +260,17 @@ def test_chunk_size_divides_the_run_the_cadences_and_the_resume_point():
     assert cli.chunk_size(97, 10) == 1
 
 
-@pytest.mark.parametrize("algo, network", [("a2c", "auto"), ("impala", "auto"),
+@pytest.mark.parametrize("algo, network", [("a2c", "auto"), ("impala", "lstm"),
                                            ("ppo", "gru")])
-def test_a2c_impala_and_a_recurrent_network_resume_exactly_too(algo, network, cache, tmp_path,
-                                                               monkeypatch):
+def test_a2c_impala_and_recurrent_networks_resume_exactly_too(algo, network, cache, tmp_path,
+                                                              monkeypatch):
     main = importlib.import_module(f"algos.{algo}").main
     args = ["--total-timesteps", "2560", "--num-envs", "4", "--num-steps", "20",
             "--checkpoint-every", "8", "--num-seeds", "2"]  # 32 updates, chunks of one
-    if network == "gru":  # the GRU state of every environment is in the checkpoint
-        args += ["--network", "gru", "--hidden-size", "16", "--env-id", "MaskedCartPole-v1",
-                 "--num-minibatches", "2", "--update-epochs", "2"]
+    if network != "auto":  # the core's state of every environment is in the checkpoint
+        args += ["--network", network, "--hidden-size", "16", "--env-id", "MaskedCartPole-v1"]
+    if algo == "ppo":
+        args += ["--num-minibatches", "2", "--update-epochs", "2"]
     reference = main(args + ["--log-dir", str(tmp_path / "reference")])
     reports = []
     report = logger.Progress.report
