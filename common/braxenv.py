@@ -47,9 +47,14 @@ class BraxEnv:
     def __init__(self, name: str, backend: str):
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # notes on optional imports and on maintenance
-            from brax import envs
+            try:
+                from brax import envs
 
-            self.env = envs.get_environment(name, backend=backend)
+                self.env = envs.get_environment(name, backend=backend)
+            except ImportError as error:  # a part of Brax's physics missing (mujoco.mjx, ...)
+                raise ValueError(
+                    f"brax/{name} with --brax-backend {backend} needs {error.name or error}, "
+                    "which is not installed: pip install -e \".[brax]\"") from None
         self.name = f"brax/{name}"
         self.default_params = BraxParams()
 

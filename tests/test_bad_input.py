@@ -7,8 +7,9 @@ here fails before anything compiles. A config built from Python refuses the same
 Mistakes during training (a diverging loss, an interrupted run, a full disk) are tested in
 `tests/test_checkpoint.py` and `tests/test_edges.py`.
 
-Not in the catalogue: a continuous-only option on a discrete environment, because no option
-is continuous-only (every flag applies to both kinds of action space).
+Not in the catalogue: a continuous-only option on a discrete environment, or a discrete-only
+option on a continuous one (a Brax task), because no option is either (every flag applies to
+both kinds of action space). A part of Brax that is not installed: `tests/test_brax.py`.
 """
 
 import importlib

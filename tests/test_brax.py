@@ -128,3 +128,17 @@ def test_the_command_line_trains_evaluates_and_renders_a_brax_run(tmp_path):
     assert frames > 1, evaluate.stdout
     page = video.read_text()
     assert "<html>" in page and 'id="brax-viewer"' in page, page[:300]
+
+
+def test_a_missing_part_of_brax_is_one_line_and_exit_2_before_compiling():
+    """A pipeline whose module is not installed (here `mujoco.mjx`, hidden from the process)."""
+    hide = ("import sys, runpy; sys.modules['mujoco.mjx'] = None; "
+            "sys.argv = ['algos/ppo.py', '--env-id', 'brax/hopper', '--brax-backend', 'mjx']; "
+            "runpy.run_path('algos/ppo.py', run_name='__main__')")
+    run = subprocess.run([sys.executable, "-c", hide], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 2, run.stderr[-2000:]
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == ["error: brax/hopper with --brax-backend mjx needs mujoco.mjx, which is "
+                      "not installed: pip install -e \".[brax]\""], run.stderr[-2000:]
+    assert "Traceback" not in run.stderr
