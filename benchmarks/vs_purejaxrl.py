@@ -3,6 +3,8 @@
     git clone https://github.com/luchris429/purejaxrl /tmp/purejaxrl   # not vendored here
     python benchmarks/vs_purejaxrl.py --reference /tmp/purejaxrl/purejaxrl --repeats 5
     python benchmarks/vs_purejaxrl.py --reference /tmp/purejaxrl/purejaxrl --recurrent
+    taskset -c 1 python benchmarks/vs_purejaxrl.py --reference /tmp/purejaxrl/purejaxrl \
+        --brax hopper --seeds 4 --total-timesteps 400000 --repeats 2
 
 `--recurrent` compares recurrent PPO with PureJaxRL's `ppo_rnn.py` instead, on its own config
 (CartPole, 4 envs x 128 steps, a 128-unit GRU after a 128-unit ReLU embedding, 128-unit ReLU
@@ -19,6 +21,19 @@ Ours runs as our command line does, with the Threefry lowering it selects on CPU
 (`common/host/prng.py`). PureJaxRL runs as shipped (JAX's default lowerings), and once more
 compiled with that lowering, so the output also shows how much of the ratio that one switch is.
 
+`--brax NAME` compares PPO on `brax/NAME` with PureJaxRL's `ppo_continuous_action.py` (Brax's
+positional pipeline for both, PureJaxRL's default): its network (256x256 tanh MLPs, a
+state-independent log-std), observations and rewards normalised, no learning-rate annealing,
+no entropy bonus, and the batch of our Brax preset for that task (`common/presets.py`) in
+both. The work differs in two places, both ours: a truncated episode bootstraps from V of its
+final observation (PureJaxRL treats the 1000-step limit as a death), and every finished
+episode starts from a fresh random state (Brax's `AutoResetWrapper`, which PureJaxRL uses,
+restarts from the state of the first reset). It is timed without the "+unrolled" run. With
+several seeds, run it on one core (`taskset`) or with `--threads 1`: PureJaxRL initialises
+its network with flax's orthogonal initialiser under `vmap`, which can deadlock jaxlib 0.10.x
+on a multi-threaded CPU pool (`docs/performance.md`, "Known hazard"); it did here, with 4 seeds
+on both cores.
+
 `--threads N` sets XLA:CPU's thread pool to N threads (`NPROC`, read when JAX starts its CPU
 backend) for both libraries; 0 keeps XLA's default, one per core. On a small program the pool
 costs time: XLA:CPU runs the kernels on the calling thread and, whenever more than 8 are ready
@@ -28,10 +43,10 @@ process to one core, which also leaves a one-thread pool.
 
 PureJaxRL targets the gymnax 0.0.x step API (`done` in one flag); a small adapter below gives it
 that view of gymnax 1.0 (`done = terminated or truncated`, PureJaxRL's own semantics), and
-stub modules stand in for the optional `brax`/`navix` imports of its `wrappers.py`, which the
-CartPole path never uses. `ppo_rnn.py` calls flax's `GRUCell` as flax 0.7 did (no `features`,
-`initialize_carry(key, batch, size)`); the adapter supplies the 128 units and the zero carry
-that call meant.
+stub modules stand in for the optional `navix` import of its `wrappers.py` (and for `brax`,
+outside `--brax`), which the paths timed here never use. `ppo_rnn.py` calls flax's `GRUCell`
+as flax 0.7 did (no `features`, `initialize_carry(key, batch, size)`); the adapter supplies
+the 128 units and the zero carry that call meant.
 """
 
 import argparse
@@ -51,6 +66,7 @@ from algos.ppo import Config, make_train  # noqa: E402
 from benchmarks.configs import source_commit  # noqa: E402
 from common.host.logger import final_return  # noqa: E402
 from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
+from common.presets import preset  # noqa: E402
 
 
 class OldStepApi:
@@ -68,7 +84,10 @@ class OldStepApi:
 
 
 def load_reference(path, file: str = "ppo.py"):
-    for name in ("brax", "brax.envs", "brax.envs.wrappers", "brax.envs.wrappers.training", "navix"):
+    stubs = ["navix"]
+    if file != "ppo_continuous_action.py":  # the one file here that runs Brax itself
+        stubs += ["brax", "brax.envs", "brax.envs.wrappers", "brax.envs.wrappers.training"]
+    for name in stubs:
         stub = sys.modules.setdefault(name, types.ModuleType(name))
         stub.__dict__.setdefault("EpisodeWrapper", object)
         stub.__dict__.setdefault("AutoResetWrapper", object)
@@ -101,11 +120,16 @@ def main():
                         help="XLA:CPU thread-pool size (NPROC) for both; 0: XLA's default")
     parser.add_argument("--recurrent", action="store_true",
                         help="recurrent PPO against PureJaxRL's ppo_rnn.py")
+    parser.add_argument("--brax", default=None, metavar="NAME",
+                        help="PPO on brax/NAME against PureJaxRL's ppo_continuous_action.py")
     parser.add_argument("--out", default=None, help="default: benchmarks/results/"
-                        "vs_purejaxrl.json (vs_purejaxrl_rnn.json with --recurrent)")
+                        "vs_purejaxrl.json (_rnn with --recurrent, _brax-NAME with --brax)")
     args = parser.parse_args()
+    if args.recurrent and args.brax:
+        parser.error("--recurrent and --brax compare different PureJaxRL files; pick one")
     if args.out is None:
-        args.out = "benchmarks/results/vs_purejaxrl" + ("_rnn" if args.recurrent else "") + ".json"
+        suffix = "_rnn" if args.recurrent else f"_brax-{args.brax}" if args.brax else ""
+        args.out = f"benchmarks/results/vs_purejaxrl{suffix}.json"
     if args.threads < 0:
         parser.error(f"--threads must be >= 0, got {args.threads}")
     if args.threads:
@@ -114,9 +138,22 @@ def main():
             parser.error("--threads: JAX's CPU backend has already started in this process")
         os.environ["NPROC"] = str(args.threads)  # read when the backend starts, below
 
-    recurrent = dict(network="gru", hidden_size=128, activation="relu") if args.recurrent else {}
-    config = Config(total_timesteps=args.total_timesteps, **recurrent)
-    reference = load_reference(args.reference, "ppo_rnn.py" if args.recurrent else "ppo.py")
+    if args.recurrent:
+        config = Config(total_timesteps=args.total_timesteps, network="gru", hidden_size=128,
+                        activation="relu")
+        file = "ppo_rnn.py"
+    elif args.brax:
+        env_id = f"brax/{args.brax}"
+        sizes = {k: v for k, v in preset("ppo", env_id).items()
+                 if k in ("num_envs", "num_steps", "num_minibatches", "update_epochs")}
+        config = Config(env_id=env_id, total_timesteps=args.total_timesteps, hidden_size=256,
+                        learning_rate=3e-4, anneal_lr=False, ent_coef=0.0, normalize_obs=True,
+                        normalize_reward=True, brax_backend="positional", **sizes)
+        file = "ppo_continuous_action.py"
+    else:
+        config = Config(total_timesteps=args.total_timesteps)
+        file = "ppo.py"
+    reference = load_reference(args.reference, file)
     ref_config = {
         "LR": config.learning_rate, "NUM_ENVS": config.num_envs, "NUM_STEPS": config.num_steps,
         "TOTAL_TIMESTEPS": config.total_timesteps, "UPDATE_EPOCHS": config.update_epochs,
@@ -124,7 +161,8 @@ def main():
         "GAE_LAMBDA": config.gae_lambda, "CLIP_EPS": config.clip_coef,
         "ENT_COEF": config.ent_coef, "VF_COEF": config.vf_coef,
         "MAX_GRAD_NORM": config.max_grad_norm, "ACTIVATION": config.activation,
-        "ENV_NAME": config.env_id, "ANNEAL_LR": config.anneal_lr, "DEBUG": False,
+        "ENV_NAME": args.brax or config.env_id, "ANNEAL_LR": config.anneal_lr, "DEBUG": False,
+        **({"NORMALIZE_ENV": True} if args.brax else {}),
     }
     keys = jax.random.split(jax.random.PRNGKey(0), args.seeds)
     # Ours runs as our command line does, with Threefry lowered without its CPU loop
@@ -133,8 +171,9 @@ def main():
     runners = {
         "ours": (make_train(config), True),
         "purejaxrl": (reference.make_train(ref_config), False),
-        "purejaxrl+unrolled": (reference.make_train(ref_config), True),
     }
+    if not args.brax:  # a Brax step dwarfs the random draws this lowering speeds up
+        runners["purejaxrl+unrolled"] = (reference.make_train(ref_config), True)
     compiled, compile_s = {}, {}
     for name, (train, unrolled) in runners.items():
         unroll_threefry_on_cpu(unrolled)
@@ -165,14 +204,15 @@ def main():
               f"over {args.repeats} runs | final return mean {np.mean(returns[name]):.1f}")
     print(f"speed ratio ours / purejaxrl (medians): {median['ours'] / median['purejaxrl']:.2f}x; "
           f"compile ratio: {compile_s['ours'] / compile_s['purejaxrl']:.2f}x")
-    print(f"speed ratio ours / purejaxrl+unrolled (medians): "
-          f"{median['ours'] / median['purejaxrl+unrolled']:.2f}x")
+    if "purejaxrl+unrolled" in median:
+        print(f"speed ratio ours / purejaxrl+unrolled (medians): "
+              f"{median['ours'] / median['purejaxrl+unrolled']:.2f}x")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     with open(args.out, "w") as f:
         json.dump({"command": " ".join(sys.argv), "commit": source_commit(), "jax": jax.__version__,
                    "threads": args.threads or "default", "cpus": cpus,
-                   "recurrent": args.recurrent,
+                   "recurrent": args.recurrent, "brax": args.brax,
                    "seeds": args.seeds, "sps": sps, "compile_s": compile_s,
                    "final_return": {k: np.asarray(v).tolist() for k, v in returns.items()}}, f, indent=1)
 
