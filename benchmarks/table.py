@@ -24,7 +24,8 @@ from common.host.logger import final_return  # noqa: E402
 
 ENVS = ["CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCarContinuous-v0",
         "Breakout-MinAtar", "SpaceInvaders-MinAtar", "Asterix-MinAtar", "Freeway-MinAtar",
-        "MaskedCartPole-v1", "MaskedPendulum-v1", "MemoryChain-bsuite"]
+        "MaskedCartPole-v1", "MaskedPendulum-v1", "MemoryChain-bsuite",
+        "brax/inverted_pendulum", "brax/hopper"]
 ALGOS = ["ppo", "a2c", "impala"]
 
 CLEANRL = "CleanRL `docs/rl-algorithms/ppo.md` (3 seeds, 5e5 steps)"
@@ -55,6 +56,8 @@ REFERENCES = {
                               ("AC(λ)", "~185", MINATAR)],
     "Asterix-MinAtar": [("gymnax PPO", "15", GYMNAX), ("AC(λ)", "~19", MINATAR)],
     "Freeway-MinAtar": [("gymnax PPO", "58", GYMNAX), ("AC(λ)", "~47.5", MINATAR)],
+    "brax/inverted_pendulum": [("the maximum", "1000", "Brax `inverted_pendulum`: reward 1 "
+                                "per step, episodes of at most 1000 steps")],
 }
 
 
@@ -90,8 +93,9 @@ def describe(path):
     if "episodic_return" not in record:
         return None  # a speed or scaling file
     name = os.path.basename(path)[:-len(".json")]
-    algo, env_id, *tag = name.split("__")
+    algo, _, *tag = name.split("__")
     config = record["config"]
+    env_id = config["env_id"]  # the file name has `brax-hopper` for `brax/hopper`
     network = config.get("network", "auto")
     core = next((c for c in ("gru", "lstm") if network.endswith(c)), None)
     torso = "auto" if network == core else network.split("-")[0]

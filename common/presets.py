@@ -142,18 +142,51 @@ PRESETS[("a2c", "SpaceInvaders-MinAtar")].update(gae_lambda=0.95, anneal_lr=True
 BRAX = ("brax/ant", "brax/halfcheetah", "brax/hopper", "brax/walker2d", "brax/humanoid",
         "brax/inverted_pendulum", "brax/reacher")
 """The Brax tasks with presets."""
-# PPO on Brax: PureJaxRL's `ppo_continuous_action.py` Brax settings, which it runs on every
-# Brax task: 2048 envs x 10 steps, 32 minibatches, 4 epochs, Adam 3e-4 without annealing, no
-# entropy bonus, gamma 0.99, GAE lambda 0.95, observations and rewards normalised, 5e7 steps
-# (PureJaxRL runs them on the positional pipeline). Sized for an accelerator and not run to
-# 5e7 steps here; on a CPU, 64 envs x 32 steps with 8 minibatches learned Hopper (1558 at
-# 1e6 steps, docs/environments.md). A2C and IMPALA have no Brax presets: no setting of theirs
-# has been shown to learn these tasks here.
+PPO_BRAX_ACCELERATOR = dict(total_timesteps=50_000_000, num_envs=2048, num_steps=10,
+                            num_minibatches=32, update_epochs=4, learning_rate=3e-4,
+                            anneal_lr=False, ent_coef=0.0, normalize_obs=True,
+                            normalize_reward=True)
+"""PPO on Brax with an accelerator: PureJaxRL's `ppo_continuous_action.py` settings, which it
+runs on every Brax task (positional pipeline): 2048 envs x 10 steps, 32 minibatches, 4 epochs,
+Adam 3e-4 without annealing, no entropy bonus, gamma 0.99, GAE lambda 0.95, observations and
+rewards normalised, 5e7 steps. The preset of the heavier tasks (ant, halfcheetah, walker2d,
+humanoid, reacher), not run here: 5e7 steps are hours a seed on a CPU. On a GPU, give these
+as flags for Hopper and the pendulum too."""
+_PPO_BRAX_CPU = dict(num_envs=64, num_steps=32, num_minibatches=8, update_epochs=4,
+                     learning_rate=3e-4, anneal_lr=False, ent_coef=0.0, normalize_obs=True,
+                     normalize_reward=True)
+# PPO on Hopper and the inverted pendulum, sized for a CPU: the same algorithm settings as
+# PureJaxRL's, on 64 envs x 32 steps in 8 minibatches (2,048 transitions an update instead
+# of 20,480): ten times the updates per sample, which is what a CPU's few thousand steps a
+# second need. Hopper reached 1801 at 3e6 steps (2 seeds, 6 minutes of training on one core)
+# and the pendulum 1000 on 4 of 4 seeds at 1e6 (docs/environments.md).
 for _env in BRAX:
-    PRESETS[("ppo", _env)] = dict(total_timesteps=50_000_000, num_envs=2048, num_steps=10,
-                                  num_minibatches=32, update_epochs=4, learning_rate=3e-4,
-                                  anneal_lr=False, ent_coef=0.0, normalize_obs=True,
-                                  normalize_reward=True)
+    PRESETS[("ppo", _env)] = dict(PPO_BRAX_ACCELERATOR)
+PRESETS[("ppo", "brax/hopper")] = dict(total_timesteps=3_000_000, **_PPO_BRAX_CPU)
+PRESETS[("ppo", "brax/inverted_pendulum")] = dict(total_timesteps=1_000_000, **_PPO_BRAX_CPU)
+# A2C on Hopper and the inverted pendulum: 16 envs x 8 steps (one RMSprop step per 128
+# transitions), lr 7e-4 annealed to 0, GAE lambda 0.95, normalised advantages, observations
+# and rewards. A vmapped sweep on Hopper (2 seeds, 1e6 steps, constant lr,
+# benchmarks/results/sweeps/a2c__brax-hopper__cpu-lr.json): lr 2e-4 / 7e-4 / 2e-3 gave
+# 946 / 1179 / 817 (a seed at 592). Over 3e6 steps a constant 7e-4 swung between about 600
+# and 1400 and ended at 920 (both seeds); annealed, 1051 (a2c__brax-hopper__const-lr.json,
+# a2c__brax-hopper__anneal.json in benchmarks/results/).
+_A2C_BRAX_CPU = dict(num_envs=16, num_steps=8, learning_rate=7e-4, anneal_lr=True,
+                     gae_lambda=0.95, norm_adv=True, normalize_obs=True,
+                     normalize_reward=True)
+PRESETS[("a2c", "brax/hopper")] = dict(total_timesteps=3_000_000, **_A2C_BRAX_CPU)
+PRESETS[("a2c", "brax/inverted_pendulum")] = dict(total_timesteps=1_000_000, **_A2C_BRAX_CPU)
+# IMPALA on the same two: the same 16 envs x 8 steps, actors one update behind, RMSprop 7e-4
+# with eps 1e-5 (as its Pendulum preset), V-Trace lambda 0.95, no entropy bonus, normalised
+# observations and rewards. The same sweep (benchmarks/results/sweeps/
+# impala__brax-hopper__cpu-lr.json): lr 2e-4 / 7e-4 / 2e-3 gave 1003 / 1042 / 1071, every
+# seed between 1000 and 1078 (no rate clearly better: 7e-4, as A2C).
+_IMPALA_BRAX_CPU = dict(num_envs=16, num_steps=8, actor_lag=1, learning_rate=7e-4,
+                        anneal_lr=False, opt_eps=1e-5, vtrace_lambda=0.95, ent_coef=0.0,
+                        normalize_obs=True, normalize_reward=True)
+PRESETS[("impala", "brax/hopper")] = dict(total_timesteps=3_000_000, **_IMPALA_BRAX_CPU)
+PRESETS[("impala", "brax/inverted_pendulum")] = dict(total_timesteps=1_000_000,
+                                                     **_IMPALA_BRAX_CPU)
 
 
 def preset(algo: str, env_id: str) -> dict:

@@ -31,8 +31,8 @@ def test_every_preset_is_a_valid_config_of_its_algorithm(key):
 def test_every_environment_of_the_results_table_has_a_preset_for_each_algorithm():
     readme = open(os.path.join(ROOT, "README.md")).read()
     table = readme[readme.index("| environment | steps | PPO | A2C | IMPALA"):]
-    envs = re.findall(r"^\| ([A-Za-z]+-[A-Za-z0-9]+) \|", table, flags=re.M)
-    assert len(envs) == 8, envs
+    envs = re.findall(r"^\| ([A-Za-z]+-[A-Za-z0-9]+|brax/[a-z_]+) \|", table, flags=re.M)
+    assert len(envs) == 10, envs
     missing = [(a, e) for e in envs for a in ("ppo", "a2c", "impala")
                if (a, e) not in presets.PRESETS]
     assert not missing, missing
