@@ -5,9 +5,10 @@
 
 For each (algorithm, task) it builds the algorithm's `Config` with small sizes (8 envs x 8
 steps, `--updates` updates, normalised observations and rewards) and the chosen physics
-pipeline, compiles `jit(train)`, runs it, and checks that every logged loss is finite and that
-the parameters changed. Prints one line per pair (compile and run time, the last update's
-losses) and exits non-zero if any pair fails. Nothing is saved: this is a check, not a result.
+pipeline, compiles `jit(train)`, runs it, and checks that the last update's losses and entropy
+are finite and that the parameters are not all zero. Prints one line per pair (compile and run
+time, the last update's losses) and exits non-zero if any pair fails. Nothing is saved: this
+is a check, not a result.
 """
 
 import argparse
@@ -62,8 +63,8 @@ def main():
     for env_id in args.envs:
         for algo in args.algos:
             try:
-                print(f"{algo:6s} {env_id:24s} ok: {check(algo, env_id, args.backend, args.updates)}",
-                      flush=True)
+                line = check(algo, env_id, args.backend, args.updates)
+                print(f"{algo:6s} {env_id:24s} ok: {line}", flush=True)
             except Exception as error:  # report every pair, then fail
                 failed.append((algo, env_id))
                 print(f"{algo:6s} {env_id:24s} FAILED: {type(error).__name__}: {error}",

@@ -3,7 +3,8 @@ environments, and where a step's time goes.
 
     python benchmarks/brax_speed.py --env-id brax/hopper --backends spring positional generalized \
         --num-envs 16 64 256 1024
-    python benchmarks/brax_speed.py --env-id brax/hopper --backends positional --num-envs 64 --profile
+    python benchmarks/brax_speed.py --env-id brax/hopper --backends positional --num-envs 64 \
+        --profile
 
 Each row steps `num_envs` environments with uniformly random actions through the rollout every
 algorithm uses (`common/rollout.py`: the same `BraxEnv` step, automatic reset and packed scan),
@@ -12,8 +13,8 @@ median. SPS counts environment steps. `--profile` also records one call with `ja
 counts the XLA:CPU kernels (thunks) a rollout step executes and the microseconds they take,
 grouped by kind, and the loops and conditionals that run them (their spans hold kernels
 counted already, so they are counted apart). The trace itself slows each kernel down:
-compare its figures with each other, not with the SPS. Rows go to `benchmarks/results/brax_speed__{env}.json`, with the
-command, commit and versions.
+compare its figures with each other, not with the SPS. Rows go to
+`benchmarks/results/brax_speed__{env}[__profile].json`, with the command, commit and versions.
 """
 
 import argparse
