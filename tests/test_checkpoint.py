@@ -1,6 +1,6 @@
 """Checkpoints and exact resume (`common/host/checkpoint.py`, `common/host/cli.py`), through PPO's CLI.
 
-One small config (512 tiny updates, 2 seeds, chunks of 16) is trained once uninterrupted in
+One small config (512 tiny updates, 2 seeds, chunks of 32) is trained once uninterrupted in
 this process; every other run here (interrupted by SIGINT in-process, killed by SIGKILL in a
 subprocess, then resumed) must end with the same training state and metrics, bitwise. They
 share one compiled chunk through JAX's persistent compilation cache.
@@ -29,7 +29,7 @@ ARGS = ["--env-id", "CartPole-v1", "--total-timesteps", "65536", "--num-envs", "
         "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1", "--num-seeds", "2",
         "--checkpoint-every", "64", "--eval-every", "128", "--eval-episodes", "4",
         "--num-devices", "1"]  # bitwise comparisons need one layout (2 seeds on 1 device)
-NUM_UPDATES, CHUNK = 512, 16  # cli.chunk_size(512, 64, 128) == 16
+NUM_UPDATES = 512  # 16 chunks of 32 updates: cli.chunk_size(512, 64, 128) == 32
 
 
 def latest(log_dir) -> str:
@@ -119,7 +119,7 @@ def test_cli_run_equals_all_updates_in_one_call_and_logs_evaluations(reference):
 def test_interrupted_in_process_and_resumed_equals_uninterrupted(reference, tmp_path,
                                                                  monkeypatch, capsys):
     # Ctrl-C arrives while the 5th chunk's progress is printed: the run finishes that chunk,
-    # writes a checkpoint at update 5 * 16 = 80 (between the periodic ones at 64 and 128)
+    # writes a checkpoint at update 5 * 32 = 160 (between the periodic ones at 128 and 192)
     # and exits with 130.
     reports = []
     report = logger.Progress.report
@@ -137,16 +137,16 @@ def test_interrupted_in_process_and_resumed_equals_uninterrupted(reference, tmp_
     assert exit_info.value.code == 130
     path = latest(tmp_path)
     out = capsys.readouterr()
-    assert f"interrupted at update 80 of {NUM_UPDATES}; checkpoint: {path}" in out.out
+    assert f"interrupted at update 160 of {NUM_UPDATES}; checkpoint: {path}" in out.out
     assert "SIGINT: saving the last complete update and stopping" in out.err
-    assert checkpoint.load(path)["update"] == 80
+    assert checkpoint.load(path)["update"] == 160
     assert signal.getsignal(signal.SIGINT) is before  # the previous handler is restored
 
     # TensorBoard was written as training went: every update up to the interruption is there.
     run_dir = os.path.dirname(path)
     (before,) = tensorboard_files(run_dir)
     logged = returns_logged(before)
-    assert logged == sorted(logged) and logged[-1] == 80 * 128, logged[-3:]  # batch 4 x 32
+    assert logged == sorted(logged) and logged[-1] == 160 * 128, logged[-3:]  # batch 4 x 32
 
     monkeypatch.undo()
     metrics = main(["--resume", path])  # every other flag comes from the checkpoint
@@ -216,7 +216,7 @@ def test_non_finite_parameter_keeps_the_last_good_checkpoint(cache, tmp_path, ca
     path = latest(tmp_path)
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: non-finite parameter ['params']") and \
-        "in update 112 (global step 14,336, seed 1)" in err, err
+        "in update 128 (global step 16,384, seed 1)" in err, err  # the chunk 96-127
     assert err.endswith(f"Last good checkpoint: {path} (update 64)."), err
     record = checkpoint.load(path)
     assert record["update"] == 64
@@ -252,12 +252,16 @@ def test_config_differences_name_each_field_with_both_values():
 
 
 def test_chunk_size_divides_the_run_the_cadences_and_the_resume_point():
-    assert cli.chunk_size(512) == 16
-    assert cli.chunk_size(512, 64, 128) == 16
-    assert cli.chunk_size(512, 64, 128, 80) == 16
-    assert cli.chunk_size(512, 12) == 4
-    assert cli.chunk_size(512, 0, 0, 0) == 16  # 0: no cadence, a fresh run
+    assert cli.chunk_size(512) == 32  # 16 chunks: nearer 20 than 32 chunks
+    assert cli.chunk_size(512, 64, 128) == 32
+    assert cli.chunk_size(512, 64, 128, 80) == 16  # resumed at 80: gcd 16
+    assert cli.chunk_size(512, 12) == 4  # 128 chunks: no divisor near 20 divides 12
+    assert cli.chunk_size(512, 0, 0, 0) == 32  # 0: no cadence, a fresh run
     assert cli.chunk_size(97, 10) == 1
+    # Closest to 20 chunks by ratio, not the most chunks up to 20: 781 = 11 x 71.
+    assert cli.chunk_size(781) == 71  # 11 chunks, not 71
+    assert cli.chunk_size(976) == 61  # 976 = 16 x 61: 16 chunks, not 61
+    assert cli.chunk_size(6250) == 250  # 25 chunks, not 10
 
 
 @pytest.mark.parametrize("algo, network", [("a2c", "auto"), ("impala", "lstm"),
@@ -318,3 +322,37 @@ def test_the_background_writer_runs_in_order_finishes_on_exit_and_reraises():
             writer.flush()
         writer.put(done.append, 5)  # the error was handed over: work goes on
     assert done[-1] == 5
+
+
+def test_tensorboard_points_are_means_of_blocks_of_updates_across_chunks(tmp_path):
+    """With `every=3`, 8 updates written as chunks of 5 and 3 become points at updates 3, 6
+    and 8 (a last, shorter block on close), each the NaN-ignoring mean of its updates; a
+    metric that is NaN over a whole block (no evaluation there) is left out of that point."""
+    returns = np.array([1, np.nan, 3, 4, 5, 6, 7, 8], np.float64)
+    evals = np.full(8, np.nan)
+    evals[4] = 10.0
+    steps = 100 * np.arange(1, 9)
+    board = logger.TensorBoardRun(str(tmp_path), "run", {"lr": 0.1}, purge=True, every=3)
+    for part in (slice(0, 5), slice(5, 8)):
+        board.write({"global_step": steps[part], "episodic_return": returns[part],
+                     "eval_return": evals[part]}, sps_points=[(steps[part][-1], 123.0)])
+    board.close()
+    (events,) = tensorboard_files(tmp_path / "run")
+    assert events[1].session_log.status == events[1].session_log.START  # purge, after version
+    points = {}
+    for e in events:
+        for v in e.summary.value:
+            if v.HasField("simple_value"):
+                points.setdefault(v.tag, []).append((e.step, round(v.simple_value, 5)))
+    assert points["charts/episodic_return"] == [(300, 2.0), (600, 5.0), (800, 7.5)]
+    assert points["eval/episodic_return"] == [(600, 10.0)]
+    assert points["charts/SPS"] == [(500, 123.0), (800, 123.0)]
+    assert any(v.tag == "hyperparameters/text_summary" for e in events for v in e.summary.value)
+
+
+def test_runs_with_many_updates_log_at_most_1000_points_per_chart():
+    assert logger.log_every(976) == 1
+    assert logger.log_every(1000) == 1
+    assert logger.log_every(1001) == 2
+    assert logger.log_every(6250) == 7  # 893 points
+    assert logger.log_every(6250, requested=1) == 1  # --log-every 1: every update

@@ -33,6 +33,9 @@ class RunOptions:
     """Experiment name, part of the run directory name."""
     log_dir: str = "runs"
     """TensorBoard runs go to `{log_dir}/{env_id}__{exp_name}__{seed}__{unix_time}`."""
+    log_every: int = 0
+    """Each TensorBoard point is the mean of N consecutive updates (0: the fewest that keep a
+    run within 1000 points per chart, which is what TensorBoard shows by default)."""
     checkpoint_every: int = 0
     """Checkpoint every N updates (0: only at the end and on Ctrl-C), to `latest.msgpack` in
     the first run's log directory (or the file given to `--resume`)."""
@@ -71,7 +74,7 @@ class RunOptions:
                              f"the largest seed, 2**64 - 1; pick a smaller --seed.")
         require(self, "positive_int", "num_seeds", "eval_episodes", "num_processes",
                 "distributed_timeout")
-        require(self, "count", "checkpoint_every", "eval_every")
+        require(self, "count", "log_every", "checkpoint_every", "eval_every")
         require(self, "nonnegative_int", "num_devices", "process_id")
         if self.process_id >= self.num_processes:
             raise ValueError(f"--process-id must be in [0, num_processes) = "
