@@ -675,20 +675,24 @@ def stop_if_not_finite(s: Session, metrics: dict, begin: int):
 
 
 def save(s: Session, update: int):
-    """Checkpoint the runs after `update` (every process gathers, process 0 writes)."""
-    host_state = fetch(s.state)
-    if s.writer:  # serialised and written on the background thread, in order
+    """Checkpoint the runs after `update` (every process gathers, process 0 writes).
+
+    One process: the state is copied to the host on the background thread, with the rest of
+    the work (the arrays never change once computed). Several: every process gathers it
+    here, in the same order (a collective)."""
+    state = s.state if jax.process_count() == 1 else fetch(s.state)
+    if s.writer:  # fetched, serialised and written on the background thread, in order
         s.files.put(write_checkpoint, s, algo=s.algo,
                     config=dataclasses.asdict(s.config), run=dataclasses.asdict(s.run),
                     run_names=s.names, update=update, run_time=s.run_time,
-                    train_state=host_state, metrics=_concat(s.rows))
+                    train_state=state, metrics=list(s.rows))
     s.saved_update = update
 
 
-def write_checkpoint(s: Session, **record):
-    """On the writer thread: write the checkpoint, the file it replaces kept as the previous
-    one when this run wrote or verified it."""
-    checkpoint.save(s.path, keep_previous=s.latest_is_ours, **record)
+def write_checkpoint(s: Session, metrics: list, **record):
+    """On the writer thread: write the checkpoint (`metrics`: the chunks' rows so far), the
+    file it replaces kept as the previous one when this run wrote or verified it."""
+    checkpoint.save(s.path, keep_previous=s.latest_is_ours, metrics=_concat(metrics), **record)
     s.latest_is_ours, s.written_update = True, record["update"]
 
 
