@@ -91,6 +91,7 @@ CATALOGUE = [
     ("impala", ["--eval-episodes", "0"], "--eval-episodes must be a positive integer"),
     ("ppo", ["--checkpoint-every", "-1"], "--checkpoint-every must be >= 0"),
     ("a2c", ["--eval-every", "-2"], "--eval-every must be >= 0"),
+    ("impala", ["--log-every", "-1"], "--log-every must be >= 0, got -1."),
     # --- rates and lags ---
     ("ppo", ["--learning-rate", "0"], "--learning-rate must be > 0"),
     ("ppo", ["--learning-rate", "-1e-3"], "--learning-rate must be > 0"),

@@ -74,8 +74,8 @@ class RunOptions:
                              f"the largest seed, 2**64 - 1; pick a smaller --seed.")
         require(self, "positive_int", "num_seeds", "eval_episodes", "num_processes",
                 "distributed_timeout")
-        require(self, "count", "log_every", "checkpoint_every", "eval_every")
-        require(self, "nonnegative_int", "num_devices", "process_id")
+        require(self, "count", "checkpoint_every", "eval_every")
+        require(self, "nonnegative_int", "log_every", "num_devices", "process_id")
         if self.process_id >= self.num_processes:
             raise ValueError(f"--process-id must be in [0, num_processes) = "
                              f"[0, {self.num_processes}), got {self.process_id}.")
