@@ -71,25 +71,32 @@ PRESETS[("impala", "MaskedCartPole-v1")] = dict(total_timesteps=1_000_000, actor
                                                 activation="relu")
 # Velocity-hidden Pendulum (cos and sin of the angle only): a 128-unit GRU with 128-unit ReLU
 # layers, gamma 0.9 (as the other Pendulum presets and RL Zoo's recurrent PPO on
-# PendulumNoVel), lr 1e-3 annealed, no entropy bonus, normalised observations. PPO takes
-# 256 envs x 8 steps in 4 minibatches of whole sequences, 4 epochs. Not yet a good setting:
-# 8 seeds reach -491 +- 97 at 5e6 steps (the goal is above -300), and the same settings on
-# fully observed Pendulum reach -472 (GRU) and -849 (MLP) at 1e6 steps, where the MLP
-# with the continuous-control preset (8 x 256 steps, 32 minibatches, 10 epochs) reaches
-# -155 at 2e6: too few gradient steps per sample, not too little memory. Vmapped sweeps
-# (2 seeds, 1e6 steps, benchmarks/results/sweeps/): 128 x 16 with 4 minibatches and
-# 4 epochs gave -451 (gamma 0.9, lr 1e-3), -853 (0.9, 3e-4), -537 (0.95, 1e-3) and -1237
-# (0.95, 3e-4); 256 x 8 gave -460 (lr 1e-3) and -588 (3e-3); 128 x 16 with 8 minibatches
-# and 10 epochs gave -401 (1e-3) and -389 (3e-4), at a third of the speed.
+# PendulumNoVel), no entropy bonus, normalised observations. PPO takes many gradient steps per
+# sample, as RL Zoo's 4 envs x 1024 steps in minibatches of 128 for 10 epochs: here 16 envs x
+# 128 steps, 16 minibatches of one whole sequence each, 10 epochs, lr 5e-4 annealed over 5e5
+# steps, rewards normalised. Seeds 1-4 at 5e5 steps (benchmarks/results/sweeps/, gru-g-*):
+# lr 1e-3 -295 (its 8-seed run: -292 +- 36, worst -347), 5e-4 -264 (worst -292), 3e-4 -273
+# (worst -364). Without reward normalisation, lr 1e-3 (gru-f-*) reached -257 and -210 at 2e5
+# steps, but over 1e6 steps rose to about -250 by 1.5e5 and then wandered (-428 +- 130 over
+# 8 seeds at the end). Settings with fewer
+# gradient steps per sample learn far slower (2 seeds, 1e6 steps): 256 envs x 8 steps in 4
+# minibatches and 4 epochs -460 (lr 1e-3) and -588 (3e-3), -435 and -397 with reward
+# normalisation; 128 x 16 in 8 minibatches and 10 epochs -401 (1e-3) and -389 (3e-4).
 _MASKED_PENDULUM = dict(network="gru", hidden_size=128, activation="relu", gamma=0.9,
                         ent_coef=0.0, normalize_obs=True)
-PRESETS[("ppo", "MaskedPendulum-v1")] = dict(total_timesteps=5_000_000, num_envs=256,
-                                             num_steps=8, num_minibatches=4, update_epochs=4,
-                                             learning_rate=1e-3, **_MASKED_PENDULUM)
-# A2C and IMPALA: their Pendulum presets with the same GRU.
+PRESETS[("ppo", "MaskedPendulum-v1")] = dict(total_timesteps=500_000, num_envs=16,
+                                             num_steps=128, num_minibatches=16,
+                                             update_epochs=10, learning_rate=5e-4,
+                                             normalize_reward=True, **_MASKED_PENDULUM)
+# A2C and IMPALA: their Pendulum presets with the same GRU, reward normalisation and lr 3e-4.
+# Without reward normalisation (lr 7e-4 and 1e-3) their seeds spread from -192 to -1439 (8
+# seeds, 2e6 steps). Vmapped sweeps with it (4 seeds, 2e6 steps, sweeps/*__gru-rn.json):
+# A2C -439 (lr 7e-4, worst seed -956) and -196 (3e-4, worst -217); IMPALA -250 (1e-3, worst
+# -302) and -223 (3e-4, worst -259).
 for _algo in ("a2c", "impala"):
     PRESETS[(_algo, "MaskedPendulum-v1")] = {**PRESETS[(_algo, "Pendulum-v1")],
-                                             **_MASKED_PENDULUM}
+                                             **_MASKED_PENDULUM, "normalize_reward": True,
+                                             "learning_rate": 3e-4}
 # bsuite's MemoryChain (recall the context bit shown at the start, gymnax's default memory
 # length 5): the same networks, a shorter budget. IMPALA with RMSprop's eps at 1e-5: at the
 # file's 0.01 (under the square root) the rare, small gradients of this sparse reward barely
