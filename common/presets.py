@@ -74,14 +74,14 @@ PRESETS[("impala", "MaskedCartPole-v1")] = dict(total_timesteps=1_000_000, actor
 # PendulumNoVel), no entropy bonus, normalised observations. PPO takes many gradient steps per
 # sample, as RL Zoo's 4 envs x 1024 steps in minibatches of 128 for 10 epochs: here 16 envs x
 # 128 steps, 16 minibatches of one whole sequence each, 10 epochs, lr 5e-4 annealed over 5e5
-# steps, rewards normalised. Seeds 1-4 at 5e5 steps (benchmarks/results/sweeps/, gru-g-*):
-# lr 1e-3 -295 (its 8-seed run: -292 +- 36, worst -347), 5e-4 -264 (worst -292), 3e-4 -273
-# (worst -364). Without reward normalisation, lr 1e-3 (gru-f-*) reached -257 and -210 at 2e5
-# steps, but over 1e6 steps rose to about -250 by 1.5e5 and then wandered (-428 +- 130 over
-# 8 seeds at the end). Settings with fewer
-# gradient steps per sample learn far slower (2 seeds, 1e6 steps): 256 envs x 8 steps in 4
-# minibatches and 4 epochs -460 (lr 1e-3) and -588 (3e-3), -435 and -397 with reward
-# normalisation; 128 x 16 in 8 minibatches and 10 epochs -401 (1e-3) and -389 (3e-4).
+# steps, rewards normalised: 8 seeds reach -285 +- 65 (6 above -300, the worst -436). Seeds 1-4
+# at 5e5 steps (benchmarks/results/sweeps/, gru-g-*): lr 1e-3 -295 (its 8-seed run: -292 +- 36,
+# worst -347), 5e-4 -264 (worst -292), 3e-4 -273 (worst -364). Without reward normalisation, lr
+# 1e-3 (gru-f-*) reached -257 and -210 at 2e5 steps, but over 1e6 steps rose to about -250 by
+# 1.5e5 and then wandered (-428 +- 130 over 8 seeds at the end). Settings with fewer gradient
+# steps per sample learn far slower (2 seeds, 1e6 steps): 256 envs x 8 steps in 4 minibatches
+# and 4 epochs -460 (lr 1e-3) and -588 (3e-3), -435 and -397 with reward normalisation; 128 x
+# 16 in 8 minibatches and 10 epochs -401 (1e-3) and -389 (3e-4).
 _MASKED_PENDULUM = dict(network="gru", hidden_size=128, activation="relu", gamma=0.9,
                         ent_coef=0.0, normalize_obs=True)
 PRESETS[("ppo", "MaskedPendulum-v1")] = dict(total_timesteps=500_000, num_envs=16,
