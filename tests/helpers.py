@@ -27,6 +27,14 @@ TINY_RUNS = {
 """The CartPole configs `tiny_run` compiles, one per algorithm."""
 
 
+EXACT = {"xla_cpu_use_fusion_emitters": True}
+"""Compiler options for a program that must give the same bits as another program (a run in
+chunks against the same run in one call). The suite compiles with XLA:CPU's older loop
+emitters for speed (`conftest.FAST_COMPILE`), and these fuse the same arithmetic differently
+in different programs, so the last bits of a float can differ between the two; the fusion
+emitters, XLA's default and what a user's run compiles with, give equal bits."""
+
+
 def stacked(hparams, n: int):
     """`n` copies of `hparams` with a leading axis, for `vmap(train)(keys, hparams)`."""
     return jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + jnp.shape(x)), hparams)
@@ -38,9 +46,10 @@ class TinyRun:
 
     `train` is built with `live_progress`, its printer writing to the StringIO
     `train.progress.stream`; `keys` are 3 seeds. `single` is `jit(train)`, `batched`
-    `jit(vmap(train))`, `init` and `run_updates` the jitted pieces, and `result` (computed on
-    first use) `batched(keys, hp for 3 runs)`. Call `single` and `batched` with explicit
-    hparams, so that each compiles once.
+    `jit(vmap(train))`, and `result` (computed on first use) `batched(keys, hp for 3 runs)`.
+    `whole`, `init` and `run_updates` are `jit(train)` and the jitted pieces compiled with
+    XLA:CPU's default fusion emitters (`EXACT`), for the tests that ask two different
+    programs for the same bits. Call them with explicit hparams, so that each compiles once.
     """
 
     def __init__(self, algo: str, **overrides):
@@ -53,8 +62,9 @@ class TinyRun:
         self.keys = jax.random.split(jax.random.PRNGKey(42), 3)
         self.single = jax.jit(self.train)
         self.batched = jax.jit(jax.vmap(self.train))
-        self.init = jax.jit(self.train.init)
-        self.run_updates = jax.jit(self.train.run_updates)
+        self.whole = jax.jit(self.train, compiler_options=EXACT)
+        self.init = jax.jit(self.train.init, compiler_options=EXACT)
+        self.run_updates = jax.jit(self.train.run_updates, compiler_options=EXACT)
 
     @functools.cached_property
     def result(self):
