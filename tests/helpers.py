@@ -4,11 +4,9 @@ import dataclasses
 import functools
 import importlib
 import io
-import os
 
 import jax
 import jax.numpy as jnp
-import pytest
 
 from common.host import checkpoint, logger
 from common.host.options import RunOptions
@@ -102,17 +100,3 @@ def save_initial(path, algo: str, num_seeds: int = 1, **overrides) -> str:
                     run_names=[f"{algo}_run_{i}" for i in range(num_seeds)], update=0,
                     run_time=0, train_state=state, metrics={})
     return str(path)
-
-
-@pytest.fixture(scope="module")
-def compilation_cache(tmp_path_factory):
-    """One persistent compilation cache for a test module's runs, in- and out-of-process
-    (`ONPOLICY_JAX_CACHE` set for the module, restored after)."""
-    path = str(tmp_path_factory.mktemp("xla_cache"))
-    previous = os.environ.get("ONPOLICY_JAX_CACHE")
-    os.environ["ONPOLICY_JAX_CACHE"] = path
-    yield path
-    if previous is None:
-        os.environ.pop("ONPOLICY_JAX_CACHE")
-    else:
-        os.environ["ONPOLICY_JAX_CACHE"] = previous

@@ -3,7 +3,7 @@
 One small config (512 tiny updates, 2 seeds, chunks of 32) is trained once uninterrupted in
 this process; every other run here (interrupted by SIGINT in-process, killed by SIGKILL in a
 subprocess, then resumed) must end with the same training state and metrics, bitwise. They
-share one compiled chunk through JAX's persistent compilation cache.
+share one compiled chunk through the session's persistent compilation cache (conftest).
 """
 
 import glob
@@ -22,7 +22,6 @@ import pytest
 
 from algos.ppo import Config, main, make_train
 from common.host import checkpoint, cli, logger
-from helpers import compilation_cache as cache  # noqa: F401  (a fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARGS = ["--env-id", "CartPole-v1", "--total-timesteps", "65536", "--num-envs", "4",
@@ -86,7 +85,7 @@ def assert_same_run(metrics, record, reference):
 
 
 @pytest.fixture(scope="module")
-def reference(cache, tmp_path_factory):
+def reference(tmp_path_factory):
     """The uninterrupted CLI run: its metrics and its final checkpoint."""
     log_dir = tmp_path_factory.mktemp("reference")
     metrics = main(ARGS + ["--log-dir", str(log_dir)])
@@ -162,10 +161,9 @@ def test_interrupted_in_process_and_resumed_equals_uninterrupted(reference, tmp_
                                   128 * (1 + np.flatnonzero(finished)))
 
 
-def test_sigkill_during_a_run_then_resume_completes_identically(reference, cache, tmp_path):
+def test_sigkill_during_a_run_then_resume_completes_identically(reference, tmp_path):
     command = [sys.executable, "algos/ppo.py", *ARGS, "--log-dir", str(tmp_path)]
-    env = {**os.environ, "ONPOLICY_JAX_CACHE": cache}
-    run = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+    run = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not glob.glob(str(tmp_path / "*" / checkpoint.LATEST)):
@@ -180,14 +178,14 @@ def test_sigkill_during_a_run_then_resume_completes_identically(reference, cache
     assert killed_at % 64 == 0 and 0 < killed_at < NUM_UPDATES
 
     result = subprocess.run([sys.executable, "algos/ppo.py", "--resume", path], cwd=ROOT,
-                            env=env, capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "done: PPO on CartPole-v1, 2 run(s)" in result.stdout
     record = checkpoint.load(path)
     assert_same_run(record["metrics"], record, reference)
 
 
-def test_non_finite_loss_stops_training_with_a_clear_message(cache, tmp_path, capsys):
+def test_non_finite_loss_stops_training_with_a_clear_message(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(ARGS + ["--log-dir", str(tmp_path), "--learning-rate", "1e30"])
     assert exit_info.value.code == 1
@@ -198,7 +196,7 @@ def test_non_finite_loss_stops_training_with_a_clear_message(cache, tmp_path, ca
     assert not glob.glob(str(tmp_path / "*" / checkpoint.LATEST))
 
 
-def test_non_finite_parameter_keeps_the_last_good_checkpoint(cache, tmp_path, capsys):
+def test_non_finite_parameter_keeps_the_last_good_checkpoint(tmp_path, capsys):
     config, run = cli.parse("ppo", Config,
                             ARGS + ["--log-dir", str(tmp_path), "--eval-every", "0"])
     train = make_train(config)
@@ -266,7 +264,7 @@ def test_chunk_size_divides_the_run_the_cadences_and_the_resume_point():
 
 @pytest.mark.parametrize("algo, network", [("a2c", "auto"), ("impala", "lstm"),
                                            ("ppo", "gru")])
-def test_a2c_impala_and_recurrent_networks_resume_exactly_too(algo, network, cache, tmp_path,
+def test_a2c_impala_and_recurrent_networks_resume_exactly_too(algo, network, tmp_path,
                                                               monkeypatch):
     main = importlib.import_module(f"algos.{algo}").main
     args = ["--total-timesteps", "2560", "--num-envs", "4", "--num-steps", "20",

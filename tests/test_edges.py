@@ -17,12 +17,11 @@ import pytest
 
 from algos.ppo import main
 from common.host import checkpoint, cli
-from helpers import compilation_cache as cache, save_initial  # noqa: F401  (a fixture)
+from helpers import save_initial
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "32",
         "--num-minibatches", "2", "--update-epochs", "1", "--num-devices", "1"]  # 16 updates
-pytestmark = pytest.mark.usefixtures("cache")  # every run here shares one cache
 
 
 def one_error_line(err: str) -> str:

@@ -14,16 +14,11 @@ import pytest
 from test_scaling import ROOT, SHORT, cli, env, final_state, free_port, hard_timeout
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("xla_cache"))
-
-
 # ------------------------------------------------------------------ several processes
 @pytest.mark.parametrize("parallel", ["seeds", "data"])
-def test_two_processes_on_localhost(parallel, cache, tmp_path):
+def test_two_processes_on_localhost(parallel, tmp_path):
     p0, p1 = cli(SHORT + ["--parallel", parallel, "--num-seeds", "2"], processes=2, devices=1,
-                 cache=cache, log_dir=tmp_path)
+                 log_dir=tmp_path)
     for r in (p0, p1):
         assert r.returncode == 0, r.stderr[-3000:]
     assert f"on 2 device(s), parallel {parallel}, 2 processes" in p0.stdout, p0.stdout
@@ -34,7 +29,7 @@ def test_two_processes_on_localhost(parallel, cache, tmp_path):
     assert record["update"] == 8
     if parallel == "seeds":  # resumed alone: the saved process options are not inherited
         (path,) = glob.glob(str(tmp_path / "*" / "latest.msgpack"))
-        (alone,) = cli(["--resume", path], seconds=60, devices=2, cache=cache,
+        (alone,) = cli(["--resume", path], seconds=60, devices=2,
                        log_dir=tmp_path)
         assert alone.returncode == 0, alone.stderr[-2000:]
         assert "nothing to do" in alone.stdout and "is at update 8 of 8" in alone.stdout
@@ -93,17 +88,17 @@ def test_a_dead_peer_stops_the_other_process_within_a_bounded_time(parallel, tmp
 
 
 # ------------------------------------------------------------------ mistakes
-def test_processes_started_with_different_flags_all_stop_with_one_line(cache, tmp_path):
+def test_processes_started_with_different_flags_all_stop_with_one_line(tmp_path):
     """Process 1 is given another learning rate: neither trains (a silent divergence before
     this check; with another run length, a deadlock)."""
     address = f"127.0.0.1:{free_port()}"
     base = [sys.executable, "algos/ppo.py", *SHORT, "--num-seeds", "2", "--log-dir",
             str(tmp_path), "--coordinator-address", address, "--num-processes", "2",
             "--distributed-timeout", "30", "--process-id"]
-    runs = [subprocess.Popen(hard_timeout(120) + base + ["0"], cwd=ROOT, env=env(1, cache),
+    runs = [subprocess.Popen(hard_timeout(120) + base + ["0"], cwd=ROOT, env=env(1),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
             subprocess.Popen(hard_timeout(120) + base + ["1", "--learning-rate", "0.001"],
-                             cwd=ROOT, env=env(1, cache), stdout=subprocess.PIPE,
+                             cwd=ROOT, env=env(1), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)]
     for r in runs:
         out, err = r.communicate()

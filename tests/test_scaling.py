@@ -35,17 +35,16 @@ def hard_timeout(seconds: int) -> list:
     return ["timeout", "-k", "5", str(seconds)]
 
 
-def env(devices=None, cache=None):
+def env(devices=None):
     """The environment of a subprocess: `devices` forced CPU devices (None: the CLI's choice,
-    one per core), this checkout first on the path, a shared compilation cache."""
+    one per core), this checkout first on the path (and, from conftest, the session's
+    compilation cache)."""
     e = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     flags = [f for f in e.get("XLA_FLAGS", "").split()  # conftest's flags stay
              if not f.startswith("--xla_force_host_platform_device_count")]
     if devices:
         flags.append(f"--xla_force_host_platform_device_count={devices}")
     e["XLA_FLAGS"] = " ".join(flags)
-    if cache:
-        e["ONPOLICY_JAX_CACHE"] = cache
     return e
 
 
@@ -57,21 +56,16 @@ def run(command, seconds, **kwargs):
     return result
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("xla_cache"))
-
-
-def cli(args, seconds=180, processes=1, devices=None, cache=None, log_dir=None):
+def cli(args, seconds=180, processes=1, devices=None, log_dir=None):
     """Run `algos/ppo.py` in `processes` coordinated processes; the CompletedProcess of each."""
     base = [sys.executable, "algos/ppo.py", *args, "--log-dir", str(log_dir)]
     if processes == 1:
-        return [run(base, seconds, env=env(devices, cache))]
+        return [run(base, seconds, env=env(devices))]
     address = f"127.0.0.1:{free_port()}"
     runs = [subprocess.Popen(hard_timeout(seconds) + base + [
         "--coordinator-address", address, "--num-processes", str(processes),
         "--process-id", str(i), "--distributed-timeout", "30"], cwd=ROOT,
-        env=env(devices, cache), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env=env(devices), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in range(processes)]
     results = []
     for r in runs:
@@ -113,13 +107,13 @@ def test_python_api_spread_seeds_and_data_parallel():
 
 
 # ------------------------------------------------------------------ the command line
-def test_cli_seeds_on_2_devices_equal_1_device_and_do_not_hang(cache, tmp_path):
+def test_cli_seeds_on_2_devices_equal_1_device_and_do_not_hang(tmp_path):
     """4 seeds, 2 per device: the shard_map(vmap(init)) pattern that deadlocked jaxlib 0.10
     with batched QRs; the runs must equal the same seeds on one device."""
     one, two = tmp_path / "one", tmp_path / "two"
     args = SHORT + ["--num-seeds", "4"]
-    (a,) = cli(args + ["--num-devices", "1"], devices=2, cache=cache, log_dir=one)
-    (b,) = cli(args, devices=2, cache=cache, log_dir=two)  # default: every device
+    (a,) = cli(args + ["--num-devices", "1"], devices=2, log_dir=one)
+    (b,) = cli(args, devices=2, log_dir=two)  # default: every device
     for r in (a, b):
         assert r.returncode == 0, r.stderr[-3000:]
     assert "on 1 device(s), parallel seeds" in a.stdout
@@ -140,9 +134,9 @@ def test_cli_refuses_seeds_that_do_not_divide(tmp_path):
     assert "error: --num-seeds 3 does not divide among 2 devices" in r.stderr, r.stderr
 
 
-def test_cli_data_parallel_on_2_devices_keeps_the_global_layout(cache, tmp_path):
+def test_cli_data_parallel_on_2_devices_keeps_the_global_layout(tmp_path):
     args = TINY + ["--parallel", "data", "--num-seeds", "2", "--checkpoint-every", "16"]
-    (r,) = cli(args, devices=2, cache=cache, log_dir=tmp_path)
+    (r,) = cli(args, devices=2, log_dir=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "on 2 device(s), parallel data" in r.stdout
     record = final_state(tmp_path)
