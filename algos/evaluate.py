@@ -80,6 +80,7 @@ def restore_run(record: dict, path: str):
 def main(argv=None):
     """Evaluate the checkpoint named on the command line; print one line per run."""
     args = tyro_cli(Args, argv)
+    logger.enable_compilation_cache()  # a second evaluation of a run skips compiling
     try:
         if args.episodes < 1:
             raise ValueError(f"--episodes must be a positive integer, got {args.episodes}.")

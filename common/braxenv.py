@@ -57,6 +57,7 @@ class BraxEnv:
                     "which is not installed: pip install -e \".[brax]\"") from None
         self.name = f"brax/{name}"
         self.default_params = BraxParams()
+        self._obs_size = None
 
     def reset(self, key, params=None):
         state = self.env.reset(key)
@@ -78,7 +79,11 @@ class BraxEnv:
                 {"final_observation": reached.obs})
 
     def observation_space(self, params=None):
-        return gymnax_spaces().Box(-jnp.inf, jnp.inf, (self.env.observation_size,), jnp.float32)
+        if self._obs_size is None:  # from the shapes of a traced reset: Brax's own
+            # `observation_size` runs a reset op by op, compiling each op (about 2 s on a CPU)
+            key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+            self._obs_size = jax.eval_shape(self.env.reset, key).obs.shape[-1]
+        return gymnax_spaces().Box(-jnp.inf, jnp.inf, (self._obs_size,), jnp.float32)
 
     def action_space(self, params=None):
         return gymnax_spaces().Box(-1.0, 1.0, (self.env.action_size,), jnp.float32)

@@ -44,10 +44,10 @@ class TinyRun:
 
     `train` is built with `live_progress`, its printer writing to the StringIO
     `train.progress.stream`; `keys` are 3 seeds. `single` is `jit(train)`, `batched`
-    `jit(vmap(train))`, and `result` (computed on first use) `batched(keys, hp for 3 runs)`.
-    `whole`, `init` and `run_updates` are `jit(train)` and the jitted pieces compiled with
-    XLA:CPU's default fusion emitters (`EXACT`), for the tests that ask two different
-    programs for the same bits. Call them with explicit hparams, so that each compiles once.
+    `jit(vmap(train))`, `init` and `run_updates` the jitted pieces, and `result` (computed on
+    first use) `batched(keys, hp for 3 runs)`. `single`, `init` and `run_updates` compile with
+    XLA:CPU's default fusion emitters (`EXACT`): a run in chunks must give the bits of one
+    call. Call `single` and `batched` with explicit hparams, so that each compiles once.
     """
 
     def __init__(self, algo: str, **overrides):
@@ -58,9 +58,8 @@ class TinyRun:
         self.train = self.module.make_train(self.config, live_progress=True)
         self.train.progress.stream = io.StringIO()
         self.keys = jax.random.split(jax.random.PRNGKey(42), 3)
-        self.single = jax.jit(self.train)
+        self.single = jax.jit(self.train, compiler_options=EXACT)
         self.batched = jax.jit(jax.vmap(self.train))
-        self.whole = jax.jit(self.train, compiler_options=EXACT)
         self.init = jax.jit(self.train.init, compiler_options=EXACT)
         self.run_updates = jax.jit(self.train.run_updates, compiler_options=EXACT)
 

@@ -140,7 +140,7 @@ def test_chunked_updates_equal_one_call(tiny_or_gru):
     tiny = tiny_or_gru
     n = tiny.config.num_updates
     chunk = next(c for c in range(n // 3, 0, -1) if n % c == 0)
-    state, metrics = tiny.whole(tiny.keys[0], tiny.hp)  # both compiled as a user's run is
+    state, metrics = tiny.single(tiny.keys[0], tiny.hp)  # both compiled as a user's run is
     chunked, rows = tiny.init(tiny.keys[0], tiny.hp), []
     for first in range(0, n, chunk):
         chunked, m = tiny.run_updates(chunked, tiny.hp, jnp.arange(first, first + chunk))

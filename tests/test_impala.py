@@ -38,7 +38,7 @@ def test_actors_use_the_learners_parameters_from_actor_lag_updates_ago():
         rows.append(metrics)
     assert not np.array_equal(kernel(history[-1]), kernel(history[-1 - LAG]))
     # Update by update, in separate calls, is the same run as one call.
-    _, whole = tiny.whole(tiny.keys[0], hp)
+    _, whole = tiny.single(tiny.keys[0], hp)
     for name in whole:
         np.testing.assert_array_equal(np.concatenate([r[name] for r in rows]),
                                       whole[name][:5], err_msg=name)
