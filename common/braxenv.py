@@ -19,6 +19,7 @@ positional, learned Hopper fastest per second of training on a CPU (docs/environ
 """
 
 import contextlib
+import functools
 import io
 import warnings
 from typing import Any, NamedTuple
@@ -57,7 +58,6 @@ class BraxEnv:
                     "which is not installed: pip install -e \".[brax]\"") from None
         self.name = f"brax/{name}"
         self.default_params = BraxParams()
-        self._obs_size = None
 
     def reset(self, key, params=None):
         state = self.env.reset(key)
@@ -78,12 +78,14 @@ class BraxEnv:
         return (obs, state, reward, terminated, truncated,
                 {"final_observation": reached.obs})
 
+    @functools.cached_property
+    def observation_size(self) -> int:
+        """From the shapes of a traced reset: Brax's own `observation_size` runs a reset op by
+        op, compiling each op (about 2 s on a CPU)."""
+        return jax.eval_shape(self.env.reset, jax.ShapeDtypeStruct((2,), jnp.uint32)).obs.shape[-1]
+
     def observation_space(self, params=None):
-        if self._obs_size is None:  # from the shapes of a traced reset: Brax's own
-            # `observation_size` runs a reset op by op, compiling each op (about 2 s on a CPU)
-            key = jax.ShapeDtypeStruct((2,), jnp.uint32)
-            self._obs_size = jax.eval_shape(self.env.reset, key).obs.shape[-1]
-        return gymnax_spaces().Box(-jnp.inf, jnp.inf, (self._obs_size,), jnp.float32)
+        return gymnax_spaces().Box(-jnp.inf, jnp.inf, (self.observation_size,), jnp.float32)
 
     def action_space(self, params=None):
         return gymnax_spaces().Box(-1.0, 1.0, (self.env.action_size,), jnp.float32)
