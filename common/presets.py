@@ -74,7 +74,8 @@ PRESETS[("impala", "MaskedCartPole-v1")] = dict(total_timesteps=1_000_000, actor
 # PendulumNoVel), no entropy bonus, normalised observations. PPO takes many gradient steps per
 # sample, as RL Zoo's 4 envs x 1024 steps in minibatches of 128 for 10 epochs: here 16 envs x
 # 128 steps, 16 minibatches of one whole sequence each, 10 epochs, lr 5e-4 annealed over 5e5
-# steps, rewards normalised: 8 seeds reach -285 +- 65 (6 above -300, the worst -436). Seeds 1-4
+# steps, rewards normalised: 8 seeds reach -285 +- 65 (6 above -300, the worst -436); the same
+# annealed over 1e6 steps is worse, -365 +- 133 (worst -594; sweeps/*__gru-1e6.json). Seeds 1-4
 # at 5e5 steps (benchmarks/results/sweeps/, gru-g-*): lr 1e-3 -295 (its 8-seed run: -292 +- 36,
 # worst -347), 5e-4 -264 (worst -292), 3e-4 -273 (worst -364). Without reward normalisation, lr
 # 1e-3 (gru-f-*) reached -257 and -210 at 2e5 steps, but over 1e6 steps rose to about -250 by
