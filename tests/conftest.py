@@ -7,9 +7,10 @@ and compiles loops with its older emitters instead of the MLIR fusion emitters; 
 cut compile times about 4x (PPO's and IMPALA's tiny CartPole programs, jitted and vmapped:
 20.4 s -> 4.7 s; the LLVM flags alone: 10.5 s). Neither changes a program's meaning, only how
 its floats may round in the last bit, and each equality a test asserts compares programs
-compiled the same way; where two different programs must give the same bits (a run in chunks
-against one call), both compile with the default emitters (`helpers.EXACT`), as a user's run
-does.
+compiled the same way; where programs of different shapes must give the same bits (updates
+one at a time against one call of `train`), both compile with the default emitters
+(`helpers.EXACT`), as a user's run does, and the learning tests, whose programs run for
+seconds, compile with XLA's defaults (`helpers.OPTIMISED`).
 `tests/hang_probe.py` sets its own flags, so the deadlock regression test runs with XLA's
 defaults. Set `ONPOLICY_TEST_DEFAULT_XLA=1` to run the suite with the default back end.
 

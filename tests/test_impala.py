@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from algos.impala import Config, make_train
-from helpers import tiny_run
+from helpers import EXACT, tiny_run
 
 LAG = 2  # the actor lag of helpers.TINY_RUNS["impala"]
 
@@ -24,8 +24,10 @@ def kernel(params):
 def test_actors_use_the_learners_parameters_from_actor_lag_updates_ago():
     tiny = tiny_run("impala")
     assert tiny.config.actor_lag == LAG
-    hp, run_updates = tiny.hp, tiny.run_updates
-    state = tiny.init(tiny.keys[0], hp)
+    # Updates one at a time against `train` in one call: programs of different shapes that
+    # must give the same bits, so both compile with XLA's default emitters (`helpers.EXACT`).
+    run_updates = jax.jit(tiny.train.run_updates, compiler_options=EXACT)
+    hp, state = tiny.hp, jax.jit(tiny.train.init, compiler_options=EXACT)(tiny.keys[0], tiny.hp)
     history = [state.params]  # history[j]: the learner's parameters before update j
     rows = []
     for k in range(5):
@@ -38,7 +40,7 @@ def test_actors_use_the_learners_parameters_from_actor_lag_updates_ago():
         rows.append(metrics)
     assert not np.array_equal(kernel(history[-1]), kernel(history[-1 - LAG]))
     # Update by update, in separate calls, is the same run as one call.
-    _, whole = tiny.single(tiny.keys[0], hp)
+    _, whole = jax.jit(tiny.train, compiler_options=EXACT)(tiny.keys[0], hp)
     for name in whole:
         np.testing.assert_array_equal(np.concatenate([r[name] for r in rows]),
                                       whole[name][:5], err_msg=name)
