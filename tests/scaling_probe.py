@@ -1,12 +1,13 @@
 """Run as a script by `tests/test_scaling.py`, in a fresh process with 4 forced CPU devices:
 checks that need devices set before JAX starts.
-Prints "ok" and exits 0 when every check passes.
+Prints `ok PART` for each part that passes and exits 0 when all do.
 
-    python tests/scaling_probe.py learn [ALGO...]    # learn: same params on 1, 2, 4 devices
-    python tests/scaling_probe.py update [ALGO...]   # data-parallel updates on 2 devices
-    python tests/scaling_probe.py gru [ALGO...]      # learn on 4 devices and updates on 2,
-                                                     # with --network gru
-    python tests/scaling_probe.py api                # parallel.spread_seeds, data_parallel
+    python tests/scaling_probe.py learn update gru api   # any of the four parts, in order
+
+`learn`: one `learn` step gives the same parameters on 1, 2 and 4 devices; `update`:
+data-parallel updates on 2 devices; `gru`: both with `--network gru` (learn on 4 devices);
+`api`: `parallel.spread_seeds` and `parallel.data_parallel` (PPO). The other parts cover
+PPO, A2C and IMPALA.
 """
 
 import os
@@ -16,6 +17,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +  # keeps conftest's
                            " --xla_force_host_platform_device_count=4")
 
 import importlib  # noqa: E402
+import traceback  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -307,22 +309,39 @@ def check_python_api():
     print("python api: spread_seeds equals vmap on 2 devices; data_parallel runs", flush=True)
 
 
-if __name__ == "__main__":
-    if sys.argv[1] == "learn":
-        assert jax.device_count() == 4, jax.devices()
-        for algo in sys.argv[2:] or ("ppo", "a2c", "impala"):
+def check(part: str):
+    """One part of the probe, for all three algorithms."""
+    algos = ("ppo", "a2c", "impala")
+    if part == "learn":
+        for algo in algos:
             {"ppo": check_learn_ppo, "a2c": check_learn_a2c, "impala": check_learn_impala}[algo]()
             print(f"{algo} learn: same parameters on 1, 2, 4 devices", flush=True)
-    elif sys.argv[1] == "gru":
-        assert jax.device_count() == 4, jax.devices()
-        for algo in sys.argv[2:] or ("ppo", "a2c", "impala"):
+    elif part == "gru":
+        for algo in algos:
             {"ppo": check_learn_ppo_gru, "a2c": check_learn_a2c_gru,
              "impala": check_learn_impala_gru}[algo]()
             print(f"{algo} gru learn: same parameters on 4 devices", flush=True)
             check_update(algo, "gru")
-    elif sys.argv[1] == "api":
-        check_python_api()
-    elif sys.argv[1] == "update":
-        for algo in sys.argv[2:] or ("ppo", "a2c", "impala"):
+    elif part == "update":
+        for algo in algos:
             check_update(algo)
-    print("ok", flush=True)
+    elif part == "api":
+        check_python_api()
+    else:
+        raise ValueError(f"unknown part {part!r}")
+
+
+if __name__ == "__main__":
+    # Each part runs even when one before it fails, and ends with `ok PART` or
+    # `FAILED PART` and its traceback, so one process serves every test that needs it.
+    assert jax.device_count() == 4, jax.devices()
+    failed = False
+    for part in sys.argv[1:]:
+        try:
+            check(part)
+        except Exception:  # noqa: BLE001  (reported, and the exit status says so)
+            failed = True
+            print(f"FAILED {part}\n{traceback.format_exc()}", flush=True)
+        else:
+            print(f"ok {part}", flush=True)
+    sys.exit(1 if failed else 0)

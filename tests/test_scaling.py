@@ -81,29 +81,41 @@ def final_state(log_dir):
 
 
 # ------------------------------------------------------------------ one agent, data-parallel
-def test_ppo_a2c_impala_learn_gives_the_same_parameters_on_1_2_4_devices():
+PARTS = ("learn", "update", "gru", "api")
+
+
+@pytest.fixture(scope="module")
+def probe():
+    """`scaling_probe.py` with all its parts in one process of 4 CPU devices (one start-up
+    and one import of JAX for the four tests below); its stdout and stderr."""
+    result = run([sys.executable, PROBE, *PARTS], 600)
+    return result.stdout, result.stderr
+
+
+def probe_part(probe, part: str):
+    out, err = probe
+    assert f"ok {part}\n" in out, f"scaling_probe.py {part}:\n{out[-4000:]}\n{err[-3000:]}"
+
+
+def test_ppo_a2c_impala_learn_gives_the_same_parameters_on_1_2_4_devices(probe):
     """One `learn` step of each algorithm from the same state on the same global batch: the
     same parameters on 1, 2 and 4 devices as without a device axis (`scaling_probe.py`)."""
-    result = run([sys.executable, PROBE, "learn", "ppo", "a2c", "impala"], 180)
-    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+    probe_part(probe, "learn")
 
 
-def test_data_parallel_ppo_a2c_impala_keep_parameters_identical_on_every_device():
-    result = run([sys.executable, PROBE, "update", "ppo", "a2c", "impala"], 180)
-    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+def test_data_parallel_ppo_a2c_impala_keep_parameters_identical_on_every_device(probe):
+    probe_part(probe, "update")
 
 
-def test_recurrent_learn_is_the_same_on_4_devices_and_data_parallel_runs_agree():
+def test_recurrent_learn_is_the_same_on_4_devices_and_data_parallel_runs_agree(probe):
     """`--network gru`: each algorithm's `learn` (sequences recomputed from their stored start
     states, split with their environments) gives the same parameters on 4 devices as
     without a device axis, and data-parallel training keeps them identical on every device."""
-    result = run([sys.executable, PROBE, "gru", "ppo", "a2c", "impala"], 300)
-    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+    probe_part(probe, "gru")
 
 
-def test_python_api_spread_seeds_and_data_parallel():
-    result = run([sys.executable, PROBE, "api"], 180)
-    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+def test_python_api_spread_seeds_and_data_parallel(probe):
+    probe_part(probe, "api")
 
 
 # ------------------------------------------------------------------ the command line
