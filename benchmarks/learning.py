@@ -62,6 +62,18 @@ def main():
     args = parser.parse_args()
 
     overrides = parse_overrides(args.set)
+    config_cls = importlib.import_module(f"algos.{args.algo}").Config
+    fields = [f.name for f in dataclasses.fields(config_cls) if f.name != "env_id"]
+    unknown = [k for k in overrides if k not in fields]
+    if unknown:
+        raise SystemExit(f"error: --set {unknown[0]} is not a field of algos/{args.algo}.py's "
+                         f"Config to override here (--env-id sets the environment); fields: "
+                         f"{', '.join(fields)}.")
+    if "total_timesteps" in overrides:  # the same as --total-timesteps
+        if args.total_timesteps is not None:
+            raise SystemExit("error: give the step budget once: --total-timesteps or --set "
+                             "total_timesteps=..., not both.")
+        args.total_timesteps = overrides.pop("total_timesteps")
     config, metrics, compile_s, train_s = run_cell(args.algo, args.env_id, args.seeds,
                                                    args.total_timesteps,
                                                    variant=args.variant, **overrides)

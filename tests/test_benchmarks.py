@@ -28,3 +28,17 @@ def test_a_sweep_runs_every_grid_point_with_the_same_seeds_in_order():
 def test_a_sweep_refuses_a_field_that_is_not_a_float_hyperparameter():
     with pytest.raises(SystemExit, match="FIELD one of learning_rate.*got 'num_envs=4,8'"):
         sweep.parse_grid(["num_envs=4,8"], ("learning_rate", "gamma"))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "seed=3"], "--set seed is not a field of algos/ppo.py's Config"),
+    (["--set", "env_id=Pendulum-v1"], "--set env_id is not a field.*--env-id sets"),
+    (["--total-timesteps", "5", "--set", "total_timesteps=6"], "--total-timesteps or --set"),
+])
+def test_the_learning_benchmark_refuses_overrides_it_cannot_apply(args, message, monkeypatch):
+    """Refused before anything compiles, with one line (not a TypeError from `run_cell`)."""
+    from benchmarks import learning
+
+    monkeypatch.setattr("sys.argv", ["benchmarks/learning.py", *args])
+    with pytest.raises(SystemExit, match=message):
+        learning.main()
