@@ -310,20 +310,21 @@ def check_python_api():
 
 
 def check(part: str):
-    """One part of the probe, for all three algorithms."""
-    algos = ("ppo", "a2c", "impala")
+    """One part of the probe (`learn`, `update` and `gru` for all three algorithms)."""
+    learn = {"ppo": check_learn_ppo, "a2c": check_learn_a2c, "impala": check_learn_impala}
+    learn_gru = {"ppo": check_learn_ppo_gru, "a2c": check_learn_a2c_gru,
+                 "impala": check_learn_impala_gru}
     if part == "learn":
-        for algo in algos:
-            {"ppo": check_learn_ppo, "a2c": check_learn_a2c, "impala": check_learn_impala}[algo]()
+        for algo, check_learn in learn.items():
+            check_learn()
             print(f"{algo} learn: same parameters on 1, 2, 4 devices", flush=True)
     elif part == "gru":
-        for algo in algos:
-            {"ppo": check_learn_ppo_gru, "a2c": check_learn_a2c_gru,
-             "impala": check_learn_impala_gru}[algo]()
+        for algo, check_learn in learn_gru.items():
+            check_learn()
             print(f"{algo} gru learn: same parameters on 4 devices", flush=True)
             check_update(algo, "gru")
     elif part == "update":
-        for algo in algos:
+        for algo in learn:
             check_update(algo)
     elif part == "api":
         check_python_api()
