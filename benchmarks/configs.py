@@ -11,6 +11,7 @@ NAME`, results saved as `{algo}__{env_id}__{NAME}.json`).
 """
 
 import ast
+import dataclasses
 import json
 import os
 import subprocess
@@ -66,6 +67,17 @@ def parse_overrides(items) -> dict:
         except (ValueError, SyntaxError):
             out[field] = value
     return out
+
+
+def check_overrides(algo: str, config_cls, overrides: dict):
+    """Exit with one line unless every name in `overrides` (a script's `--set`) is a field of
+    `config_cls` other than `env_id` (which `--env-id` sets)."""
+    fields = [f.name for f in dataclasses.fields(config_cls) if f.name != "env_id"]
+    unknown = [k for k in overrides if k not in fields]
+    if unknown:
+        raise SystemExit(f"error: --set {unknown[0]} is not a field of algos/{algo}.py's "
+                         f"Config to override here (--env-id sets the environment); fields: "
+                         f"{', '.join(fields)}.")
 
 
 def library_versions() -> dict:

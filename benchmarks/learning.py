@@ -21,8 +21,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from benchmarks.configs import (VARIANTS, library_versions, parse_overrides,  # noqa: E402
-                                save_record, settings, source_commit)  # noqa: E402
+from benchmarks.configs import (VARIANTS, check_overrides, library_versions,  # noqa: E402
+                                parse_overrides, save_record, settings, source_commit)
 from common.host.logger import final_return, seed_keys  # noqa: E402
 from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
 
@@ -62,13 +62,7 @@ def main():
     args = parser.parse_args()
 
     overrides = parse_overrides(args.set)
-    config_cls = importlib.import_module(f"algos.{args.algo}").Config
-    fields = [f.name for f in dataclasses.fields(config_cls) if f.name != "env_id"]
-    unknown = [k for k in overrides if k not in fields]
-    if unknown:
-        raise SystemExit(f"error: --set {unknown[0]} is not a field of algos/{args.algo}.py's "
-                         f"Config to override here (--env-id sets the environment); fields: "
-                         f"{', '.join(fields)}.")
+    check_overrides(args.algo, importlib.import_module(f"algos.{args.algo}").Config, overrides)
     if "total_timesteps" in overrides:  # the same as --total-timesteps
         if args.total_timesteps is not None:
             raise SystemExit("error: give the step budget once: --total-timesteps or --set "

@@ -26,7 +26,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from benchmarks.configs import (library_versions, parse_overrides,  # noqa: E402
+from benchmarks.configs import (check_overrides, library_versions, parse_overrides,  # noqa: E402
                                 save_record, settings, source_commit)
 from common.host.logger import final_return, seed_keys  # noqa: E402
 from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
@@ -81,7 +81,9 @@ def main():
 
     module = importlib.import_module(f"algos.{args.algo}")
     grid = parse_grid(args.grid, module.HParams._fields)
-    cell = {**settings(args.algo, args.env_id), **parse_overrides(args.set)}
+    overrides = parse_overrides(args.set)
+    check_overrides(args.algo, module.Config, overrides)
+    cell = {**settings(args.algo, args.env_id), **overrides}
     if args.total_timesteps is not None:
         cell["total_timesteps"] = args.total_timesteps
     try:

@@ -42,3 +42,10 @@ def test_the_learning_benchmark_refuses_overrides_it_cannot_apply(args, message,
     monkeypatch.setattr("sys.argv", ["benchmarks/learning.py", *args])
     with pytest.raises(SystemExit, match=message):
         learning.main()
+
+
+def test_a_sweep_refuses_a_set_field_the_config_does_not_have(monkeypatch):
+    monkeypatch.setattr("sys.argv", ["benchmarks/sweep.py", "--set", "foo=1", "--grid",
+                                     "learning_rate=1e-3"])
+    with pytest.raises(SystemExit, match="--set foo is not a field of algos/ppo.py's Config"):
+        sweep.main()
