@@ -69,15 +69,23 @@ def parse_overrides(items) -> dict:
     return out
 
 
-def check_overrides(algo: str, config_cls, overrides: dict):
+def check_overrides(algo: str, config_cls, overrides: dict, total_timesteps=None):
     """Exit with one line unless every name in `overrides` (a script's `--set`) is a field of
-    `config_cls` other than `env_id` (which `--env-id` sets)."""
+    `config_cls` other than `env_id` (which `--env-id` sets), and the step budget is given at
+    most once. `--set total_timesteps=N` is the same as `--total-timesteps N`: it is taken out
+    of `overrides`, and the budget (or None) is returned."""
     fields = [f.name for f in dataclasses.fields(config_cls) if f.name != "env_id"]
     unknown = [k for k in overrides if k not in fields]
     if unknown:
         raise SystemExit(f"error: --set {unknown[0]} is not a field of algos/{algo}.py's "
                          f"Config to override here (--env-id sets the environment); fields: "
                          f"{', '.join(fields)}.")
+    if "total_timesteps" in overrides:
+        if total_timesteps is not None:
+            raise SystemExit("error: give the step budget once: --total-timesteps or --set "
+                             "total_timesteps=..., not both.")
+        total_timesteps = overrides.pop("total_timesteps")
+    return total_timesteps
 
 
 def library_versions() -> dict:

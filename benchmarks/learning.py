@@ -62,12 +62,9 @@ def main():
     args = parser.parse_args()
 
     overrides = parse_overrides(args.set)
-    check_overrides(args.algo, importlib.import_module(f"algos.{args.algo}").Config, overrides)
-    if "total_timesteps" in overrides:  # the same as --total-timesteps
-        if args.total_timesteps is not None:
-            raise SystemExit("error: give the step budget once: --total-timesteps or --set "
-                             "total_timesteps=..., not both.")
-        args.total_timesteps = overrides.pop("total_timesteps")
+    args.total_timesteps = check_overrides(
+        args.algo, importlib.import_module(f"algos.{args.algo}").Config, overrides,
+        args.total_timesteps)
     config, metrics, compile_s, train_s = run_cell(args.algo, args.env_id, args.seeds,
                                                    args.total_timesteps,
                                                    variant=args.variant, **overrides)

@@ -82,7 +82,8 @@ def main():
     module = importlib.import_module(f"algos.{args.algo}")
     grid = parse_grid(args.grid, module.HParams._fields)
     overrides = parse_overrides(args.set)
-    check_overrides(args.algo, module.Config, overrides)
+    args.total_timesteps = check_overrides(args.algo, module.Config, overrides,
+                                           args.total_timesteps)
     cell = {**settings(args.algo, args.env_id), **overrides}
     if args.total_timesteps is not None:
         cell["total_timesteps"] = args.total_timesteps

@@ -44,8 +44,24 @@ def test_the_learning_benchmark_refuses_overrides_it_cannot_apply(args, message,
         learning.main()
 
 
-def test_a_sweep_refuses_a_set_field_the_config_does_not_have(monkeypatch):
-    monkeypatch.setattr("sys.argv", ["benchmarks/sweep.py", "--set", "foo=1", "--grid",
+@pytest.mark.parametrize("args, message", [
+    (["--set", "foo=1"], "--set foo is not a field of algos/ppo.py's Config"),
+    (["--total-timesteps", "5", "--set", "total_timesteps=6"], "--total-timesteps or --set"),
+])
+def test_a_sweep_refuses_overrides_it_cannot_apply(args, message, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["benchmarks/sweep.py", *args, "--grid",
                                      "learning_rate=1e-3"])
-    with pytest.raises(SystemExit, match="--set foo is not a field of algos/ppo.py's Config"):
+    with pytest.raises(SystemExit, match=message):
         sweep.main()
+
+
+def test_set_total_timesteps_is_the_step_budget():
+    """`--set total_timesteps=N` leaves the overrides and becomes the budget, as
+    `--total-timesteps N` does."""
+    from algos.ppo import Config
+    from benchmarks.configs import check_overrides
+
+    overrides = {"total_timesteps": 512, "num_envs": 4}
+    assert check_overrides("ppo", Config, overrides) == 512
+    assert overrides == {"num_envs": 4}
+    assert check_overrides("ppo", Config, {"num_envs": 4}, 1024) == 1024
