@@ -115,14 +115,15 @@ def test_same_key_same_result_and_vmapped_seed_equals_single_run(tiny_or_gru):
 
 
 def test_a_swept_hyperparameter_equals_the_same_value_set_in_the_config(tiny):
-    """Two runs in one vmapped call, the second with every hyperparameter of `SWEEP` changed,
+    """Runs in one vmapped call, the second with every hyperparameter of `SWEEP` changed,
     against the same seeds run alone: the first from the config, the second from a config
     built with the changed values (so a value read from the config instead of the traced
-    hparams would show)."""
+    hparams would show). The third, the config's values again, keeps the call the shape of
+    `tiny.result`'s, so the vmapped program compiles once."""
     changed = SWEEP[algo_of(tiny)]
     other = dataclasses.replace(tiny.config, **changed)
-    hps = jax.tree.map(lambda a, b: jnp.stack([a, b]), tiny.hp, other.hparams())
-    _, swept = tiny.batched(tiny.keys[:2], hps)
+    hps = jax.tree.map(lambda a, b: jnp.stack([a, b, a]), tiny.hp, other.hparams())
+    _, swept = tiny.batched(tiny.keys, hps)
     _, first = tiny.single(tiny.keys[0], tiny.hp)
     _, second = jax.jit(tiny.module.make_train(other))(tiny.keys[1])  # hparams from `other`
     for name in first:
@@ -130,10 +131,13 @@ def test_a_swept_hyperparameter_equals_the_same_value_set_in_the_config(tiny):
                                    err_msg=name)
         np.testing.assert_allclose(second[name], swept[name][1], rtol=1e-4, atol=1e-6,
                                    err_msg=name)
-    np.testing.assert_allclose(swept["learning_rate"][:, 0],
-                               [tiny.config.learning_rate, changed["learning_rate"]], rtol=1e-6)
+    np.testing.assert_allclose(swept["learning_rate"][:, 0], [tiny.config.learning_rate,
+                               changed["learning_rate"], tiny.config.learning_rate], rtol=1e-6)
     if "mean_clipped_rho" in swept:  # IMPALA: the swept rho_bar bounds the clipped ratios
         assert (swept["mean_clipped_rho"][1] <= changed["rho_bar"] + 1e-6).all()
+    _, plain = tiny.result  # the third run: as if the second were not in the call
+    for name in swept:
+        np.testing.assert_array_equal(swept[name][2], plain[name][2], err_msg=name)
 
 
 def test_chunked_updates_equal_one_call(tiny_or_gru):
