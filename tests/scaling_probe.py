@@ -20,7 +20,6 @@ import importlib  # noqa: E402
 import traceback  # noqa: E402
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
 
@@ -32,9 +31,11 @@ TINY = dict(env_id="CartPole-v1", total_timesteps=4096, num_envs=8, num_steps=16
 
 
 def data_parallel(fn, devices, in_specs, out_specs):
+    """`fn` under `shard_map` on `devices`, jitted; it returns NumPy arrays."""
     mesh = Mesh(np.array(devices), (DATA_AXIS,))
-    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                                 check_vma=False))
+    run = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                                check_vma=False))
+    return lambda *args: jax.device_get(run(*args))
 
 
 def per_device(tree):
@@ -46,6 +47,7 @@ def assert_learned_the_same(d, start, got, want):
     """`got`: `(params, opt_state, info)` of `learn` on d devices, every leaf with a leading
     device axis; `want`: the same without any device axis. The parameters are bitwise the same
     on every device, equal `want`'s to float rounding, and moved away from `start`."""
+    start, got, want = jax.device_get((start, got, want))
     (params, _, info), (ref_params, _, ref_info) = got[:3], want[:3]
     for leaf, ref in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params), strict=True):
         assert leaf.shape == (d,) + ref.shape
@@ -54,7 +56,7 @@ def assert_learned_the_same(d, start, got, want):
         np.testing.assert_allclose(leaf[0], ref, rtol=2e-5, atol=2e-6, err_msg=f"{d} devices")
     for leaf, ref in zip(jax.tree.leaves(info), jax.tree.leaves(ref_info), strict=True):
         np.testing.assert_allclose(leaf[0], ref, rtol=1e-4, atol=1e-6, err_msg=f"{d} devices")
-    moved = max(float(jnp.abs(a[0] - b).max()) for a, b in
+    moved = max(float(np.abs(a[0] - b).max()) for a, b in
                 zip(jax.tree.leaves(params), jax.tree.leaves(start)))
     assert moved > 1e-4, moved  # the update really changed the parameters
 
@@ -62,26 +64,39 @@ def assert_learned_the_same(d, start, got, want):
 def with_obs_stats(state):
     """Observation statistics far from the initial ones, so that normalising matters."""
     return state._replace(obs_stats=state.obs_stats._replace(
-        mean=jnp.full(4, 0.5), var=jnp.full(4, 2.0), count=jnp.float32(100.0)))
+        mean=np.full(4, 0.5, np.float32), var=np.full(4, 2.0, np.float32),
+        count=np.float32(100.0)))
 
 
-def random_episode_ends(key, shape):
+def rng(seed: int):
+    """The probe's test data come from NumPy: JAX would compile each operation making them."""
+    return np.random.default_rng(seed)
+
+
+def raw_key(seed: int):
+    """A raw PRNG key, `jax.random.PRNGKey(seed)` for a small seed, made without JAX."""
+    return np.array([0, seed], np.uint32)
+
+
+def normal(r, shape, scale=1.0, loc=0.0):
+    return (r.normal(size=shape) * scale + loc).astype(np.float32)
+
+
+def random_episode_ends(r, shape):
     """`terminated`, `truncated` flags as a rollout makes them: about 1 step in 8, never both."""
-    k1, k2 = jax.random.split(key)
-    terminated = jax.random.bernoulli(k1, 0.1, shape)
-    return terminated, jnp.logical_and(jax.random.bernoulli(k2, 0.05, shape), ~terminated)
+    terminated = r.random(shape) < 0.1
+    return terminated, (r.random(shape) < 0.05) & ~terminated
 
 
-def random_steps(key, shape):
+def random_steps(r, shape):
     """The fields a time-major CartPole batch of `shape` [T, num_envs] shares between A2C's
     `Trajectory` and IMPALA's `Transition`: obs, action, reward, episode ends, next_obs."""
-    k = jax.random.split(key, 5)
-    terminated, truncated = random_episode_ends(k[0], shape)
-    return dict(obs=jax.random.normal(k[1], shape + (4,)) * 2.0 + 1.0,
-                action=jax.random.randint(k[2], shape, 0, 2),
-                reward=jax.random.normal(k[3], shape) + 1.0,
+    terminated, truncated = random_episode_ends(r, shape)
+    return dict(obs=normal(r, shape + (4,), 2.0, 1.0),
+                action=r.integers(0, 2, shape, dtype=np.int32),
+                reward=normal(r, shape, 1.0, 1.0),
                 terminated=terminated, truncated=truncated,
-                next_obs=jax.random.normal(k[4], shape + (4,)) * 2.0 + 1.0)
+                next_obs=normal(r, shape + (4,), 2.0, 1.0))
 
 
 def check_learn_ppo():
@@ -94,16 +109,13 @@ def check_learn_ppo():
     config = Config(**TINY, normalize_obs=True, target_kl=0.5)
     train = make_train(config)
     hp = config.hparams()
-    state = with_obs_stats(jax.jit(train.init)(jax.random.PRNGKey(0)))
-    k = jax.random.split(jax.random.PRNGKey(1), 6)
-    n = config.batch_size
-    obs = jax.random.normal(k[0], (n, 4)) * 2.0 + 1.0
-    data = Transition(obs, jax.random.randint(k[1], (n,), 0, 2),
-                      jnp.log(0.5) + 0.1 * jax.random.normal(k[2], (n,)),
-                      jax.random.normal(k[3], (n,)), jax.random.normal(k[4], (n,)) * 3.0 + 1.0,
-                      jax.random.normal(k[5], (n,)))
-    key, update = jax.random.PRNGKey(2), 3
-    want = jax.jit(train.learn, static_argnums=4)(state, hp, data, key, update)
+    state = with_obs_stats(jax.jit(train.init)(raw_key(0)))
+    r, n = rng(1), config.batch_size
+    data = Transition(normal(r, (n, 4), 2.0, 1.0), r.integers(0, 2, n, dtype=np.int32),
+                      normal(r, n, 0.1, np.log(0.5)), normal(r, n), normal(r, n, 3.0, 1.0),
+                      normal(r, n))
+    key, update = raw_key(2), 3
+    want = jax.device_get(jax.jit(train.learn, static_argnums=4)(state, hp, data, key, update))
     for d in (1, 2, 4):
         run = data_parallel(lambda s, h, b, k: per_device(train.learn(s, h, b, k, update)),
                             jax.devices()[:d], (P(), P(), P(), P()), P(DATA_AXIS))
@@ -124,12 +136,12 @@ def check_learn_a2c():
                     normalize_obs=True, norm_adv=True)
     train = make_train(config)
     hp = config.hparams()
-    state = with_obs_stats(jax.jit(train.init)(jax.random.PRNGKey(0)))
+    state = with_obs_stats(jax.jit(train.init)(raw_key(0)))
     shape = (config.num_steps, config.num_envs)
-    traj = Trajectory(**random_steps(jax.random.PRNGKey(1), shape), policy_info=None,
-                      first=jnp.zeros(shape, bool),
-                      episode_return=jnp.zeros(shape), episode_length=jnp.zeros(shape, jnp.int32))
-    want = jax.jit(train.learn)(state, hp, traj)
+    traj = Trajectory(**random_steps(rng(1), shape), policy_info=None,
+                      first=np.zeros(shape, bool), episode_return=np.zeros(shape, np.float32),
+                      episode_length=np.zeros(shape, np.int32))
+    want = jax.device_get(jax.jit(train.learn)(state, hp, traj))
     for d in (1, 2, 4):
         run = data_parallel(lambda s, h, t: per_device(train.learn(s, h, t)),
                             jax.devices()[:d], (P(), P(), P(None, DATA_AXIS)), P(DATA_AXIS))
@@ -146,12 +158,12 @@ def check_learn_impala():
     config = Config(**TINY, normalize_obs=True)
     train = make_train(config)
     hp = config.hparams()
-    state = with_obs_stats(jax.jit(train.init)(jax.random.PRNGKey(0)))
+    state = with_obs_stats(jax.jit(train.init)(raw_key(0)))
     shape = (config.num_steps, config.num_envs)
-    data = Transition(**random_steps(jax.random.PRNGKey(1), shape), behaviour_log_prob=jnp.log(
-        0.5) + 0.3 * jax.random.normal(jax.random.PRNGKey(3), shape))
-    key = jax.random.PRNGKey(2)
-    want = jax.jit(train.learn)(state, hp, data, key)
+    data = Transition(**random_steps(rng(1), shape),
+                      behaviour_log_prob=normal(rng(3), shape, 0.3, np.log(0.5)))
+    key = raw_key(2)
+    want = jax.device_get(jax.jit(train.learn)(state, hp, data, key))
     for d in (1, 2, 4):
         run = data_parallel(lambda s, h, b, k: per_device(train.learn(s, h, b, k)),
                             jax.devices()[:d], (P(), P(), P(None, DATA_AXIS), P()),
@@ -162,18 +174,17 @@ def check_learn_impala():
 GRU = dict(network="gru", hidden_size=16)
 
 
-def random_sequences(key, config, shape):
+def random_sequences(r, config, shape):
     """A recurrent rollout's extra inputs for `shape` [T, num_envs]: `first` flags that follow
     the episode ends (the step after one is the first of the next episode), the GRU state at
     the rollout's start [num_envs, H], and the GRU's outputs at every step [T, num_envs, H]."""
-    k = jax.random.split(key, 3)
-    terminated, truncated = random_episode_ends(k[0], shape)
+    terminated, truncated = random_episode_ends(r, shape)
     ended = terminated | truncated
-    first = jnp.concatenate([jnp.zeros((1, shape[1]), bool), ended[:-1]])
-    start = jax.random.normal(k[1], (shape[1], config.hidden_size))
-    memory = jax.random.normal(k[2], shape + (config.hidden_size,))
-    return dict(terminated=terminated, truncated=truncated), first, jnp.tanh(start), \
-        jnp.tanh(memory)
+    first = np.concatenate([np.zeros((1, shape[1]), bool), ended[:-1]])
+    start = normal(r, (shape[1], config.hidden_size))
+    memory = normal(r, shape + (config.hidden_size,))
+    return dict(terminated=terminated, truncated=truncated), first, np.tanh(start), \
+        np.tanh(memory)
 
 
 def check_learn_ppo_gru():
@@ -186,17 +197,16 @@ def check_learn_ppo_gru():
     config = Config(**TINY, **GRU, normalize_obs=True, target_kl=0.5)
     train = make_train(config)
     hp = config.hparams()
-    state = with_obs_stats(jax.jit(train.init)(jax.random.PRNGKey(0)))
+    state = with_obs_stats(jax.jit(train.init)(raw_key(0)))
     shape = (config.num_envs, config.num_steps)  # environment-major, as learn takes it
-    k = jax.random.split(jax.random.PRNGKey(1), 6)
-    _, first, hidden, _ = random_sequences(k[5], config, shape[::-1])
-    data = Transition(jax.random.normal(k[0], shape + (4,)) * 2.0 + 1.0,
-                      jax.random.randint(k[1], shape, 0, 2),
-                      jnp.log(0.5) + 0.1 * jax.random.normal(k[2], shape),
-                      jax.random.normal(k[3], shape), jax.random.normal(k[4], shape) * 3.0 + 1.0,
-                      jax.random.normal(k[5], shape), first.T)
-    key, update = jax.random.PRNGKey(2), 3
-    want = jax.jit(train.learn, static_argnums=4)(state, hp, data, key, update, hidden)
+    r = rng(1)
+    _, first, hidden, _ = random_sequences(r, config, shape[::-1])
+    data = Transition(normal(r, shape + (4,), 2.0, 1.0), r.integers(0, 2, shape, dtype=np.int32),
+                      normal(r, shape, 0.1, np.log(0.5)), normal(r, shape),
+                      normal(r, shape, 3.0, 1.0), normal(r, shape), first.T)
+    key, update = raw_key(2), 3
+    want = jax.device_get(jax.jit(train.learn, static_argnums=4)(state, hp, data, key, update,
+                                                                  hidden))
     for d in (4,):
         run = data_parallel(
             lambda s, h, b, k, hid: per_device(train.learn(s, h, b, k, update, hid)),
@@ -218,15 +228,15 @@ def check_learn_a2c_gru():
                     **GRU, normalize_obs=True, norm_adv=True)
     train = make_train(config)
     hp = config.hparams()
-    state = with_obs_stats(jax.jit(train.init)(jax.random.PRNGKey(0)))
+    state = with_obs_stats(jax.jit(train.init)(raw_key(0)))
     shape = (config.num_steps, config.num_envs)
-    ends, first, hidden, memory = random_sequences(jax.random.PRNGKey(3), config, shape)
-    traj = Trajectory(**{**random_steps(jax.random.PRNGKey(1), shape), **ends},
-                      policy_info=memory, first=first, episode_return=jnp.zeros(shape),
-                      episode_length=jnp.zeros(shape, jnp.int32))
+    ends, first, hidden, memory = random_sequences(rng(3), config, shape)
+    traj = Trajectory(**{**random_steps(rng(1), shape), **ends},
+                      policy_info=memory, first=first, episode_return=np.zeros(shape, np.float32),
+                      episode_length=np.zeros(shape, np.int32))
     learn = lambda s, h, t, hid: train.learn(  # noqa: E731
         s._replace(env=s.env._replace(hidden=hid)), h, t)
-    want = jax.jit(learn)(state, hp, traj, hidden)
+    want = jax.device_get(jax.jit(learn)(state, hp, traj, hidden))
     for d in (4,):
         run = data_parallel(lambda s, h, t, hid: per_device(learn(s, h, t, hid)),
                             jax.devices()[:d], (P(), P(), P(None, DATA_AXIS), P(DATA_AXIS)),
@@ -243,14 +253,13 @@ def check_learn_impala_gru():
     config = Config(**TINY, **GRU, normalize_obs=True)
     train = make_train(config)
     hp = config.hparams()
-    state = with_obs_stats(jax.jit(train.init)(jax.random.PRNGKey(0)))
+    state = with_obs_stats(jax.jit(train.init)(raw_key(0)))
     shape = (config.num_steps, config.num_envs)
-    ends, first, hidden, _ = random_sequences(jax.random.PRNGKey(3), config, shape)
-    data = Transition(**{**random_steps(jax.random.PRNGKey(1), shape), **ends}, first=first,
-                      behaviour_log_prob=jnp.log(0.5) + 0.3 * jax.random.normal(
-                          jax.random.PRNGKey(4), shape))
-    key = jax.random.PRNGKey(2)
-    want = jax.jit(train.learn)(state, hp, data, key, hidden)
+    ends, first, hidden, _ = random_sequences(rng(3), config, shape)
+    data = Transition(**{**random_steps(rng(1), shape), **ends}, first=first,
+                      behaviour_log_prob=normal(rng(4), shape, 0.3, np.log(0.5)))
+    key = raw_key(2)
+    want = jax.device_get(jax.jit(train.learn)(state, hp, data, key, hidden))
     for d in (4,):
         run = data_parallel(lambda s, h, b, k, hid: per_device(train.learn(s, h, b, k, hid)),
                             jax.devices()[:d],
@@ -267,7 +276,7 @@ def check_update(algo, network="auto"):
     config = module.Config(**settings, normalize_obs=True, network=network,
                            hidden_size=16 if network == "gru" else 64)
     train = module.make_train(config)
-    keys = jax.random.split(jax.random.PRNGKey(0), 2)
+    keys = np.stack([raw_key(0), raw_key(1)])
 
     def run(keys):
         state, metrics = jax.vmap(train)(keys)
@@ -294,9 +303,9 @@ def check_python_api():
 
     config = Config(**{**TINY, "total_timesteps": 1024})
     train = make_train(config)
-    keys = jax.random.split(jax.random.PRNGKey(0), 4)
-    lrs = jnp.array([1e-3, 2e-3, 3e-3, 4e-3])
-    hps = jax.vmap(lambda lr: config.hparams()._replace(learning_rate=lr))(lrs)
+    keys = np.stack([raw_key(i) for i in range(4)])
+    hps = jax.tree.map(lambda x: np.full(4, x, np.float32), config.hparams())._replace(
+        learning_rate=np.array([1e-3, 2e-3, 3e-3, 4e-3], np.float32))
     want = jax.jit(jax.vmap(train))(keys, hps)
     got = parallel.spread_seeds(train, jax.devices()[:2])(keys, hps)
     assert len(got[0].params["params"]["Dense_0"]["kernel"].sharding.device_set) == 2
