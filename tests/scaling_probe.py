@@ -79,6 +79,7 @@ def raw_key(seed: int):
 
 
 def normal(r, shape, scale=1.0, loc=0.0):
+    """float32 draws from N(loc, scale^2) of `shape`."""
     return (r.normal(size=shape) * scale + loc).astype(np.float32)
 
 
@@ -115,7 +116,7 @@ def check_learn_ppo():
                       normal(r, n, 0.1, np.log(0.5)), normal(r, n), normal(r, n, 3.0, 1.0),
                       normal(r, n))
     key, update = raw_key(2), 3
-    want = jax.device_get(jax.jit(train.learn, static_argnums=4)(state, hp, data, key, update))
+    want = jax.jit(train.learn, static_argnums=4)(state, hp, data, key, update)
     for d in (1, 2, 4):
         run = data_parallel(lambda s, h, b, k: per_device(train.learn(s, h, b, k, update)),
                             jax.devices()[:d], (P(), P(), P(), P()), P(DATA_AXIS))
@@ -141,7 +142,7 @@ def check_learn_a2c():
     traj = Trajectory(**random_steps(rng(1), shape), policy_info=None,
                       first=np.zeros(shape, bool), episode_return=np.zeros(shape, np.float32),
                       episode_length=np.zeros(shape, np.int32))
-    want = jax.device_get(jax.jit(train.learn)(state, hp, traj))
+    want = jax.jit(train.learn)(state, hp, traj)
     for d in (1, 2, 4):
         run = data_parallel(lambda s, h, t: per_device(train.learn(s, h, t)),
                             jax.devices()[:d], (P(), P(), P(None, DATA_AXIS)), P(DATA_AXIS))
@@ -163,7 +164,7 @@ def check_learn_impala():
     data = Transition(**random_steps(rng(1), shape),
                       behaviour_log_prob=normal(rng(3), shape, 0.3, np.log(0.5)))
     key = raw_key(2)
-    want = jax.device_get(jax.jit(train.learn)(state, hp, data, key))
+    want = jax.jit(train.learn)(state, hp, data, key)
     for d in (1, 2, 4):
         run = data_parallel(lambda s, h, b, k: per_device(train.learn(s, h, b, k)),
                             jax.devices()[:d], (P(), P(), P(None, DATA_AXIS), P()),
@@ -205,8 +206,7 @@ def check_learn_ppo_gru():
                       normal(r, shape, 0.1, np.log(0.5)), normal(r, shape),
                       normal(r, shape, 3.0, 1.0), normal(r, shape), first.T)
     key, update = raw_key(2), 3
-    want = jax.device_get(jax.jit(train.learn, static_argnums=4)(state, hp, data, key, update,
-                                                                  hidden))
+    want = jax.jit(train.learn, static_argnums=4)(state, hp, data, key, update, hidden)
     for d in (4,):
         run = data_parallel(
             lambda s, h, b, k, hid: per_device(train.learn(s, h, b, k, update, hid)),
@@ -236,7 +236,7 @@ def check_learn_a2c_gru():
                       episode_length=np.zeros(shape, np.int32))
     learn = lambda s, h, t, hid: train.learn(  # noqa: E731
         s._replace(env=s.env._replace(hidden=hid)), h, t)
-    want = jax.device_get(jax.jit(learn)(state, hp, traj, hidden))
+    want = jax.jit(learn)(state, hp, traj, hidden)
     for d in (4,):
         run = data_parallel(lambda s, h, t, hid: per_device(learn(s, h, t, hid)),
                             jax.devices()[:d], (P(), P(), P(None, DATA_AXIS), P(DATA_AXIS)),
@@ -259,7 +259,7 @@ def check_learn_impala_gru():
     data = Transition(**{**random_steps(rng(1), shape), **ends}, first=first,
                       behaviour_log_prob=normal(rng(4), shape, 0.3, np.log(0.5)))
     key = raw_key(2)
-    want = jax.device_get(jax.jit(train.learn)(state, hp, data, key, hidden))
+    want = jax.jit(train.learn)(state, hp, data, key, hidden)
     for d in (4,):
         run = data_parallel(lambda s, h, b, k, hid: per_device(train.learn(s, h, b, k, hid)),
                             jax.devices()[:d],
