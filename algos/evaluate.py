@@ -111,17 +111,15 @@ def main(argv=None):
 
     if args.capture_video:
         first = jax.tree.map(lambda x: x[0], state)
-        states, rewards, done = jax.jit(
+        states, rewards, done = jax.device_get(jax.jit(  # to the host once, sliced there
             lambda s, k: record_episode(partial(train.act, s), env, env_params, spec, k,
                                         hidden=train.initial_hidden(1))
-        )(first, keys[0])
-        done = np.asarray(done)
+        )(first, keys[0]))
         length = int(np.argmax(done)) + 1 if done.any() else len(done)
-        frames = [jax.tree.map(lambda x: np.asarray(x[t]), states) for t in range(length)]
-        save_video(config.env_id, env, env_params, frames, np.asarray(rewards)[:length],
-                   args.capture_video)
+        frames = [jax.tree.map(lambda x: x[t], states) for t in range(length)]
+        save_video(config.env_id, env, env_params, frames, rewards[:length], args.capture_video)
         print(f"video: {args.capture_video} ({length} frames, return "
-              f"{float(np.sum(np.asarray(rewards)[:length])):.2f}, seed {seeds[0]})")
+              f"{float(np.sum(rewards[:length])):.2f}, seed {seeds[0]})")
     return returns
 
 
