@@ -1,5 +1,7 @@
 """The benchmark scripts' own logic (their figures are measured by running them, not here)."""
 
+import importlib
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -30,29 +32,24 @@ def test_a_sweep_refuses_a_field_that_is_not_a_float_hyperparameter():
         sweep.parse_grid(["num_envs=4,8"], ("learning_rate", "gamma"))
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--set", "seed=3"], "--set seed is not a field of algos/ppo.py's Config"),
-    (["--set", "env_id=Pendulum-v1"], "--set env_id is not a field.*--env-id sets"),
-    (["--total-timesteps", "5", "--set", "total_timesteps=6"], "--total-timesteps or --set"),
+GRID = ["--grid", "learning_rate=1e-3"]  # what sweep.py needs besides the overrides
+
+
+@pytest.mark.parametrize("script, args, message", [
+    ("learning", ["--set", "seed=3"], "--set seed is not a field of algos/ppo.py's Config"),
+    ("learning", ["--set", "env_id=Pendulum-v1"], "--set env_id is not a field.*--env-id sets"),
+    ("sweep", ["--set", "foo=1", *GRID], "--set foo is not a field of algos/ppo.py's Config"),
+    *[(script, ["--total-timesteps", "5", "--set", "total_timesteps=6", *extra],
+       "--total-timesteps or --set") for script, extra in (("learning", []), ("sweep", GRID))],
 ])
-def test_the_learning_benchmark_refuses_overrides_it_cannot_apply(args, message, monkeypatch):
-    """Refused before anything compiles, with one line (not a TypeError from `run_cell`)."""
-    from benchmarks import learning
-
-    monkeypatch.setattr("sys.argv", ["benchmarks/learning.py", *args])
+def test_the_benchmark_scripts_refuse_overrides_they_cannot_apply(script, args, message,
+                                                                   monkeypatch):
+    """Refused before anything compiles, with one line (not a TypeError from `run_cell`, and
+    not one of two budgets silently preferred)."""
+    module = importlib.import_module(f"benchmarks.{script}")
+    monkeypatch.setattr("sys.argv", [f"benchmarks/{script}.py", *args])
     with pytest.raises(SystemExit, match=message):
-        learning.main()
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--set", "foo=1"], "--set foo is not a field of algos/ppo.py's Config"),
-    (["--total-timesteps", "5", "--set", "total_timesteps=6"], "--total-timesteps or --set"),
-])
-def test_a_sweep_refuses_overrides_it_cannot_apply(args, message, monkeypatch):
-    monkeypatch.setattr("sys.argv", ["benchmarks/sweep.py", *args, "--grid",
-                                     "learning_rate=1e-3"])
-    with pytest.raises(SystemExit, match=message):
-        sweep.main()
+        module.main()
 
 
 def test_set_total_timesteps_is_the_step_budget():
