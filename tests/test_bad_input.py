@@ -138,7 +138,14 @@ CATALOGUE = [
     ("ppo", ["--distributed-timeout", "0"], "--distributed-timeout must be a positive integer"),
     ("a2c", ["--num-devices", "99"], "--num-devices 99: only"),
     # --- malformed flags (tyro's message, as one line) ---
-    ("ppo", ["--num-envs", "abc"], "Error parsing --num-envs: invalid literal for int()"),
+    ("ppo", ["--num-envs", "abc"], "Error parsing --num-envs: expected an integer, such as "
+                                   "500000 or 5e5, got 'abc'"),
+    ("a2c", ["--total-timesteps", "2.5"], "Error parsing --total-timesteps: expected a whole "
+                                          "number, such as 500000 or 5e5, got '2.5'"),
+    ("impala", ["--num-steps", "inf"], "expected a whole number, such as 500000 or 5e5, got "
+                                       "'inf'"),
+    ("ppo", ["--total-timesteps", "1e-3"], "expected a whole number"),
+    ("a2c", ["--seed", "1e400"], "Error parsing --seed: '1e400' is too large"),
     ("a2c", ["--gamma", "high"], "Error parsing --gamma"),
     ("impala", ["--num-env", "3"], "Unrecognized options: --num-env, 3; did you mean "
                                    "--num-envs?"),
@@ -216,6 +223,23 @@ def test_a_config_from_python_refuses_values_of_the_wrong_type(algo, field, valu
     config_cls = importlib.import_module(f"algos.{algo}").Config
     with pytest.raises(ValueError, match=re.escape(message)):
         config_cls(**{field: value})
+
+
+@pytest.mark.parametrize("algo", ["ppo", "a2c", "impala"])
+def test_integer_flags_take_whole_numbers_written_as_researchers_write_them(algo):
+    """`--total-timesteps 1e6` is 1,000,000 on the command line (a Config from Python still
+    refuses the float 1e6: above)."""
+    from common.host import cli
+
+    config_cls = importlib.import_module(f"algos.{algo}").Config
+    config, run = cli.parse(algo, config_cls, ["--total-timesteps", "2.5e6", "--num-envs",
+                                               "8.0", "--seed", "1_000", "--num-seeds", "2E0",
+                                               "--no-presets"])
+    assert (config.total_timesteps, config.num_envs, run.seed, run.num_seeds) == \
+        (2_500_000, 8, 1000, 2)
+    assert all(type(v) is int for v in (config.total_timesteps, config.num_envs, run.seed))
+    assert cli.whole_number("123456789012345678901234567e3") == \
+        123456789012345678901234567000  # exact: no detour through a float
 
 
 def test_run_options_from_python_refuse_a_float_seed():

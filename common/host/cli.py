@@ -147,11 +147,51 @@ def tyro_cli(cls, argv, **kwargs):
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
-            return tyro.cli(cls, args=argv, **kwargs)
+            return tyro.cli(cls, args=argv, registry=_whole_numbers_registry(), **kwargs)
     except SystemExit as exit_:
         if exit_.code in (0, None):
             raise
         fail(one_line(captured.getvalue()))
+
+
+def whole_number(text: str) -> int:
+    """An integer flag's value: an integer (`500000`, `500_000`) or a whole number in
+    scientific or decimal notation (`5e5`, `2.5e6`, `1000.0`), as step budgets are often
+    written. `ValueError` for anything else (`1.5`, `1e-3`, `inf`)."""
+    from decimal import Decimal, InvalidOperation
+
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        number = Decimal(text.strip())
+    except InvalidOperation:
+        raise ValueError(f"expected an integer, such as 500000 or 5e5, got {text!r}") from None
+    if number.is_finite() and number.adjusted() > 30:
+        raise ValueError(f"{text!r} is too large")
+    if not number.is_finite() or number != number.to_integral_value():
+        raise ValueError(f"expected a whole number, such as 500000 or 5e5, got {text!r}")
+    return int(number)
+
+
+def _whole_numbers_registry():
+    """tyro's parsing with one rule added: every `int` flag reads its value with
+    `whole_number`, so `--total-timesteps 1e7` means 10,000,000."""
+    import tyro
+
+    registry = tyro.constructors.ConstructorRegistry()
+
+    @registry.primitive_rule
+    def _(type_info):
+        if type_info.type is not int:
+            return None
+        return tyro.constructors.PrimitiveConstructorSpec(
+            nargs=1, metavar="INT", instance_from_str=lambda args: whole_number(args[0]),
+            is_instance=lambda x: isinstance(x, int) and not isinstance(x, bool),
+            str_from_instance=lambda x: [str(x)])
+
+    return registry
 
 
 def one_line(box: str) -> str:
