@@ -334,6 +334,10 @@ def test_tensorboard_points_are_means_of_blocks_of_updates_across_chunks(tmp_pat
     for part in (slice(0, 5), slice(5, 8)):
         board.write({"global_step": steps[part], "episodic_return": returns[part],
                      "eval_return": evals[part]}, sps_points=[(steps[part][-1], 123.0)])
+        if part.start == 0:  # in the file for TensorBoard to read, before `close`
+            (events,) = tensorboard_files(tmp_path / "run")
+            assert [(e.step, v.simple_value) for e in events for v in e.summary.value
+                    if v.tag == "charts/episodic_return"] == [(300, 2.0)]
     board.close()
     (events,) = tensorboard_files(tmp_path / "run")
     assert events[1].session_log.status == events[1].session_log.START  # purge, after version

@@ -163,7 +163,8 @@ class TensorBoardRun:
     metric and charts/SPS. Each point is the mean of `every` consecutive updates
     (`block_means`; `every=1`: one point per update); a block split across two `write` calls
     waits for its remaining updates, and `close` writes a last, shorter block. `write`
-    returns with the events in the file (flushed); call it from one thread at a time.
+    returns with the events in the file (handed to the OS, not synced to the disk until
+    `close`); call it from one thread at a time.
 
     `purge=True` (a resumed run): hide every event an earlier process wrote to this run
     directory (a SessionLog START at step 0, as tensorboardX's `purge_step=0` writes), so the
@@ -189,7 +190,7 @@ class TensorBoardRun:
             self._event(step=0, session_log=_session_start())
         rows = "\n".join(f"|{k}|{v}|" for k, v in hparams.items())
         self._event(step=0, summary=text("hyperparameters", "|param|value|\n|-|-|\n" + rows))
-        self.events.flush()
+        self._to_file()
 
     def _event(self, **fields):
         from tensorboardX.proto.event_pb2 import Event
@@ -207,7 +208,14 @@ class TensorBoardRun:
         self._points({k: np.asarray(v)[:whole] for k, v in metrics.items()})
         for step, sps in sps_points:
             self._points({"global_step": np.array([step]), "SPS": np.array([sps])}, every=1)
-        self.events.flush()
+        self._to_file()
+
+    def _to_file(self):
+        """Hand the buffered events to the operating system, where TensorBoard reads them.
+        Not `EventsWriter.flush`, which also fsyncs the file at every call (a quarter of
+        what writing a chunk's points costs): a run killed mid-way loses nothing the OS
+        holds, and a resumed run rewrites its points from the checkpoint. `close` syncs."""
+        self.events._py_recordio_writer._writer.flush()  # tensorboardX 2.6.5's file object
 
     def _points(self, metrics: dict, every: int | None = None):
         """One event per point holding every finite metric (scalars, as `add_scalar` writes
