@@ -2,6 +2,7 @@
 
     python benchmarks/scaling.py                 # both tables (a few minutes on 2 cores)
     python benchmarks/scaling.py --only seeds    # just the independent-seeds table
+    python benchmarks/scaling.py --only start-to-exit --repeats 4   # 32 seeds, whole command
 
 Every row runs `algos/ppo.py` itself, as a user would, in fresh subprocesses (`--repeats` times;
 the median SPS is reported, compilation excluded: the CLI's own "done:" line measures training
@@ -15,6 +16,11 @@ time only, and the persistent compilation cache makes repeats skip compiling):
 - `data`: one agent per seed, data-parallel (`--parallel data`), 4 seeds x 32 envs: the same
   global batch on 1, 2, 4 devices and on 2 processes; the final returns should agree within
   seed noise (the runs differ because each device draws its own environment keys).
+- `start-to-exit`: `python algos/ppo.py --num-seeds 32` with its default budget (5e5 steps per
+  seed), the whole command's wall time from start to exit, pinned to core 0 against free to
+  use every core (the default layout), in alternating pairs after one run of each that fills
+  the compilation cache (reported too, as the cold pair): the throughput ratio is
+  pinned wall / free wall.
 
 Raw rows (commands, every repeat's SPS and final returns) go to
 `benchmarks/results/scaling__ppo__CartPole-v1[__seeds|__data].json`, with the commit that made
@@ -30,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -45,8 +52,9 @@ def free_port() -> int:
 
 
 def run_once(args, processes: int = 1, pin: bool = False, env_extra=None, timeout=900):
-    """Run the PPO CLI (in `processes` coordinated processes); `(SPS, final mean, final min)`
-    from process 0's summary line."""
+    """Run the PPO CLI (in `processes` coordinated processes); `(SPS, final mean, final min,
+    wall seconds)`: the first three from process 0's summary line, the last from start to
+    the exit of every process."""
     env = {**os.environ, **(env_extra or {})}
     log_dir = tempfile.mkdtemp(prefix="scaling-")
     base = [sys.executable, "algos/ppo.py", *args, "--log-dir", log_dir]
@@ -57,16 +65,40 @@ def run_once(args, processes: int = 1, pin: bool = False, env_extra=None, timeou
         commands = [(["taskset", "-c", str(i % os.cpu_count())] if pin else []) + base + [
             "--coordinator-address", address, "--num-processes", str(processes),
             "--process-id", str(i)] for i in range(processes)]
+    start = time.perf_counter()
     runs = [subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True) for c in commands]
     outs = [r.communicate(timeout=timeout) for r in runs]
+    wall = time.perf_counter() - start
     for r, (out, err) in zip(runs, outs):
         if r.returncode != 0:
             raise RuntimeError(f"{commands} failed ({r.returncode}):\n{err[-3000:]}")
     match = DONE.search(outs[0][0])
     if match is None:
         raise RuntimeError(f"no summary line in:\n{outs[0][0][-2000:]}")
-    return float(match[4].replace(",", "")), float(match[1]), float(match[2])
+    return float(match[4].replace(",", "")), float(match[1]), float(match[2]), wall
+
+
+def start_to_exit(repeats: int) -> list[dict]:
+    """The default 32-seed command pinned to one core and free, alternating (see the module
+    docstring); one row per pair, the first the cold pair."""
+    args, rows = ["--num-seeds", "32"], []
+    cache = {"ONPOLICY_JAX_CACHE": tempfile.mkdtemp(prefix="scaling-cache-")}  # empty: cold
+    print(f"start to exit: python algos/ppo.py --num-seeds 32, pinned to core 0 and free, "
+          f"1 cold pair and {repeats} warm pairs")
+    for i in range(repeats + 1):
+        pinned, free = run_once(args, pin=True, env_extra=cache), run_once(args, env_extra=cache)
+        rows.append({"pair": "cold" if i == 0 else "warm", "pinned_wall_s": pinned[3],
+                     "free_wall_s": free[3], "pinned_sps": pinned[0], "free_sps": free[0],
+                     "ratio": pinned[3] / free[3], "final_mean": free[1]})
+        print(f"  {rows[-1]['pair']}: pinned {pinned[3]:6.1f} s ({pinned[0]:,.0f} SPS), free "
+              f"{free[3]:6.1f} s ({free[0]:,.0f} SPS): {rows[-1]['ratio']:.2f}x", flush=True)
+    warm = rows[1:]
+    if warm:
+        pinned = statistics.median(r["pinned_wall_s"] for r in warm)
+        free = statistics.median(r["free_wall_s"] for r in warm)
+        print(f"  warm medians: pinned {pinned:.1f} s, free {free:.1f} s: {pinned / free:.2f}x")
+    return rows
 
 
 def measure(name, args, repeats, **kwargs):
@@ -83,7 +115,7 @@ def measure(name, args, repeats, **kwargs):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", choices=["seeds", "data"], default=None)
+    parser.add_argument("--only", choices=["seeds", "data", "start-to-exit"], default=None)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--total-timesteps", type=int, default=100_000,
                         help="steps per seed (seeds table)")
@@ -93,6 +125,8 @@ def main():
     # Every row sets its own devices; an inherited forced device count would override them.
     os.environ.pop("XLA_FLAGS", None)
     rows = []
+    if args.only == "start-to-exit":
+        rows = start_to_exit(args.repeats)
     if args.only in (None, "seeds"):
         seeds = ["--num-seeds", "32", "--total-timesteps", str(args.total_timesteps)]
         print(f"independent seeds: PPO CartPole, 32 seeds x {args.total_timesteps:,} steps, "
@@ -126,7 +160,7 @@ def main():
                             args.repeats, processes=2, pin=True))
         for r in rows[first:]:
             r["speedup_vs_1_device"] = r["sps"] / rows[first]["sps"]
-    suffix = f"__{args.only}" if args.only else ""
+    suffix = f"__{args.only.replace('-', '_')}" if args.only else ""
     path = os.path.join(ROOT, "benchmarks", "results", f"scaling__ppo__CartPole-v1{suffix}.json")
     with open(path, "w") as f:
         json.dump({"command": " ".join(["python", *sys.argv]), "commit": source_commit(),
