@@ -192,10 +192,13 @@ def start_to_exit(repeats: int) -> dict:
 
 
 def main():
+    sys.path.insert(0, ROOT)
+    from common.host.options import whole_number
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--algos", nargs="+", default=["ppo", "a2c", "impala"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 8, 32])
-    parser.add_argument("--total-timesteps", type=int, default=500_000)
+    parser.add_argument("--total-timesteps", type=whole_number, default=500_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--start-only", action="store_true")
     parser.add_argument("--chunk-loop", action="store_true",

@@ -16,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks.configs import source_commit  # noqa: E402
 from benchmarks.plot import smooth  # noqa: E402
+from common.host.options import whole_number  # noqa: E402
 
 
 def run(args):
@@ -89,7 +90,7 @@ if __name__ == "__main__":
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--lags", default="1,4,8")
-    parser.add_argument("--total-timesteps", type=int, default=1_000_000)
+    parser.add_argument("--total-timesteps", type=whole_number, default=1_000_000)
     parser.add_argument("--plot-only", action="store_true")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)

@@ -24,6 +24,7 @@ sys.path.insert(0, ROOT)
 from benchmarks.configs import (VARIANTS, check_overrides, library_versions,  # noqa: E402
                                 parse_overrides, save_record, settings, source_commit)
 from common.host.logger import final_return, seed_keys  # noqa: E402
+from common.host.options import whole_number  # noqa: E402
 from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
 
 
@@ -51,7 +52,7 @@ def main():
     parser.add_argument("--algo", default="ppo", choices=["ppo", "a2c", "impala"])
     parser.add_argument("--env-id", default="CartPole-v1")
     parser.add_argument("--seeds", type=int, default=16)
-    parser.add_argument("--total-timesteps", type=int, default=None)
+    parser.add_argument("--total-timesteps", type=whole_number, default=None)
     parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
                         help="override Config fields, e.g. --set learning_rate=1e-3")
     parser.add_argument("--variant", default="", choices=["", *VARIANTS],

@@ -41,6 +41,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks.configs import source_commit  # noqa: E402
+from common.host.options import whole_number  # noqa: E402
 DONE = re.compile(r"final return \(last 10% of updates\) mean ([-\d.na]+), min ([-\d.na]+) \| "
                   r"compile [\d.]+s, train ([\d.]+)s \(([\d,]+) SPS\)")
 
@@ -117,7 +118,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=["seeds", "data", "start-to-exit"], default=None)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--total-timesteps", type=int, default=100_000,
+    parser.add_argument("--total-timesteps", type=whole_number, default=100_000,
                         help="steps per seed (seeds table)")
     args = parser.parse_args()
     os.environ.setdefault("ONPOLICY_JAX_CACHE", os.path.join(tempfile.gettempdir(),

@@ -89,6 +89,9 @@ def plot(files, out):
 
 
 def main():
+    sys.path.insert(0, ROOT)
+    from common.host.options import whole_number
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--algo", default="ppo", choices=["ppo", "a2c", "impala"])
     parser.add_argument("--env-id", default="CartPole-v1")
@@ -97,7 +100,7 @@ def main():
     parser.add_argument("--num-envs", type=int, nargs="+", default=[0],
                         help="environments per run (several: a num_envs sweep; 0: configs.py)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--total-timesteps", type=int, default=None)
+    parser.add_argument("--total-timesteps", type=whole_number, default=None)
     parser.add_argument("--updates", type=int, default=None,
                         help="run this many updates of each row's batch size instead")
     sys.path.insert(0, ROOT)

@@ -29,6 +29,7 @@ sys.path.insert(0, ROOT)
 from benchmarks.configs import (check_overrides, library_versions, parse_overrides,  # noqa: E402
                                 save_record, settings, source_commit)
 from common.host.logger import final_return, seed_keys  # noqa: E402
+from common.host.options import whole_number  # noqa: E402
 from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
 
 
@@ -69,7 +70,7 @@ def main():
     parser.add_argument("--env-id", default="CartPole-v1")
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--total-timesteps", type=int, default=None)
+    parser.add_argument("--total-timesteps", type=whole_number, default=None)
     parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
                         help="structural Config overrides, e.g. --set num_envs=64")
     parser.add_argument("--grid", nargs="+", required=True, metavar="FIELD=V1,V2",

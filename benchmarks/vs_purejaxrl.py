@@ -65,6 +65,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from algos.ppo import Config, make_train  # noqa: E402
 from benchmarks.configs import source_commit  # noqa: E402
 from common.host.logger import final_return  # noqa: E402
+from common.host.options import whole_number  # noqa: E402
 from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
 from common.presets import preset  # noqa: E402
 
@@ -114,7 +115,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reference", required=True, help="folder holding PureJaxRL's ppo.py")
     parser.add_argument("--seeds", type=int, default=1)
-    parser.add_argument("--total-timesteps", type=int, default=500_000)
+    parser.add_argument("--total-timesteps", type=whole_number, default=500_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0,
                         help="XLA:CPU thread-pool size (NPROC) for both; 0: XLA's default")

@@ -39,8 +39,9 @@ GRID = ["--grid", "learning_rate=1e-3"]  # what sweep.py needs besides the overr
     ("learning", ["--set", "seed=3"], "--set seed is not a field of algos/ppo.py's Config"),
     ("learning", ["--set", "env_id=Pendulum-v1"], "--set env_id is not a field.*--env-id sets"),
     ("sweep", ["--set", "foo=1", *GRID], "--set foo is not a field of algos/ppo.py's Config"),
-    *[(script, ["--total-timesteps", "5", "--set", "total_timesteps=6", *extra],
-       "--total-timesteps or --set") for script, extra in (("learning", []), ("sweep", GRID))],
+    *[(script, ["--total-timesteps", budget, "--set", "total_timesteps=6", *extra],
+       "--total-timesteps or --set")  # the budget parsed first, as the command line reads it
+      for script, budget, extra in (("learning", "5e3", []), ("sweep", "5", GRID))],
 ])
 def test_the_benchmark_scripts_refuse_overrides_they_cannot_apply(script, args, message,
                                                                    monkeypatch):

@@ -47,7 +47,7 @@ from common.evaluate import evaluate
 from common.host import checkpoint, logger
 from common.host.devices import (Layout, differing_processes, fail, fetch, from_process_0,
                                  peers_alive, same_everywhere, setup_devices)
-from common.host.options import RESUME_MUST_MATCH, RunOptions
+from common.host.options import RESUME_MUST_MATCH, RunOptions, whole_number
 
 NAN_BY_DESIGN = ("episodic_return", "episodic_length", "explained_variance", "eval_return")
 """Metrics that may be NaN in a healthy run (no episode finished in an update, a constant
@@ -152,27 +152,6 @@ def tyro_cli(cls, argv, **kwargs):
         if exit_.code in (0, None):
             raise
         fail(one_line(captured.getvalue()))
-
-
-def whole_number(text: str) -> int:
-    """An integer flag's value: an integer (`500000`, `500_000`) or a whole number in
-    scientific or decimal notation (`5e5`, `2.5e6`, `1000.0`), as step budgets are often
-    written. `ValueError` for anything else (`1.5`, `1e-3`, `inf`)."""
-    from decimal import Decimal, InvalidOperation
-
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        number = Decimal(text.strip())
-    except InvalidOperation:
-        raise ValueError(f"expected an integer, such as 500000 or 5e5, got {text!r}") from None
-    if number.is_finite() and number.adjusted() > 30:
-        raise ValueError(f"{text!r} is too large")
-    if not number.is_finite() or number != number.to_integral_value():
-        raise ValueError(f"expected a whole number, such as 500000 or 5e5, got {text!r}")
-    return int(number)
 
 
 def _whole_numbers_registry():

@@ -80,3 +80,24 @@ class RunOptions:
             raise ValueError(f"--process-id must be in [0, num_processes) = "
                              f"[0, {self.num_processes}), got {self.process_id}.")
         one_of(self, "parallel", ("seeds", "data"))
+
+
+def whole_number(text: str) -> int:
+    """An integer flag's value: an integer (`500000`, `500_000`) or a whole number in
+    scientific or decimal notation (`5e5`, `2.5e6`, `1000.0`), as step budgets are often
+    written. `ValueError` for anything else (`1.5`, `1e-3`, `inf`)."""
+    from decimal import Decimal, InvalidOperation
+
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        number = Decimal(text.strip())
+    except InvalidOperation:
+        raise ValueError(f"expected an integer, such as 500000 or 5e5, got {text!r}") from None
+    if number.is_finite() and number.adjusted() > 30:
+        raise ValueError(f"{text!r} is too large")
+    if not number.is_finite() or number != number.to_integral_value():
+        raise ValueError(f"expected a whole number, such as 500000 or 5e5, got {text!r}")
+    return int(number)
