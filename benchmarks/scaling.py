@@ -23,8 +23,8 @@ time only, and the persistent compilation cache makes repeats skip compiling):
   pinned wall / free wall.
 
 Raw rows (commands, every repeat's SPS and final returns) go to
-`benchmarks/results/scaling__ppo__CartPole-v1[__seeds|__data].json`, with the commit that made
-them.
+`benchmarks/results/scaling__ppo__CartPole-v1[__seeds|__data|__start_to_exit].json`, with the
+commit that made them.
 """
 
 import argparse

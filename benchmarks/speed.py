@@ -103,7 +103,6 @@ def main():
     parser.add_argument("--total-timesteps", type=whole_number, default=None)
     parser.add_argument("--updates", type=int, default=None,
                         help="run this many updates of each row's batch size instead")
-    sys.path.insert(0, ROOT)
     from benchmarks.configs import VARIANTS
     parser.add_argument("--variant", default="", choices=["", *VARIANTS],
                         help="a named VARIANTS entry of configs.py")
