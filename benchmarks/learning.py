@@ -28,13 +28,18 @@ from common.host.options import whole_number  # noqa: E402
 from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
 
 
-def run_cell(algo: str, env_id: str, seeds: int, total_timesteps=None, seed: int = 1,
-             variant: str = "", **overrides):
-    module = importlib.import_module(f"algos.{algo}")
+def cell_config(algo: str, env_id: str, total_timesteps=None, variant: str = "", **overrides):
+    """The `Config` of one cell: the presets, the variant, then `overrides` and the budget."""
     cell = {**settings(algo, env_id, variant), **overrides}
     if total_timesteps is not None:
         cell["total_timesteps"] = total_timesteps
-    config = module.Config(env_id=env_id, **cell)
+    return importlib.import_module(f"algos.{algo}").Config(env_id=env_id, **cell)
+
+
+def run_cell(algo: str, env_id: str, seeds: int, total_timesteps=None, seed: int = 1,
+             variant: str = "", **overrides):
+    module = importlib.import_module(f"algos.{algo}")
+    config = cell_config(algo, env_id, total_timesteps, variant, **overrides)
     unroll_threefry_on_cpu()  # as the command line does: the same random bits, faster on CPU
     keys = seed_keys(seed, seeds)
     start = time.perf_counter()
@@ -47,7 +52,8 @@ def run_cell(algo: str, env_id: str, seeds: int, total_timesteps=None, seed: int
     return config, metrics, compile_s, train_s
 
 
-def main():
+def make_parser() -> argparse.ArgumentParser:
+    """This script's command line (`benchmarks/table.py` reads recorded commands with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--algo", default="ppo", choices=["ppo", "a2c", "impala"])
     parser.add_argument("--env-id", default="CartPole-v1")
@@ -60,7 +66,11 @@ def main():
     parser.add_argument("--tag", default="",
                         help="suffix of the results file name (default: the variant)")
     parser.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results"))
-    args = parser.parse_args()
+    return parser
+
+
+def main():
+    args = make_parser().parse_args()
 
     overrides = parse_overrides(args.set)
     args.total_timesteps = check_overrides(

@@ -11,6 +11,7 @@ from other projects with their sources (`REFERENCES`).
 """
 
 import argparse
+import dataclasses
 import glob
 import json
 import os
@@ -106,16 +107,65 @@ def describe(path):
                 network=("CNN" if cnn else "MLP") + (f"-{core.upper()}" if core else ""),
                 steps=record["global_step"][-1],
                 seeds=len(final), mean=final.mean(), std=final.std(), worst=final.min(),
-                command=command(record["command"]))
+                command=command(record, tag[0] if tag else ""))
 
 
-def command(recorded: str) -> str:
-    """The recorded command line, without its output directory."""
-    words = recorded.split()
-    if "--out-dir" in words:
-        i = words.index("--out-dir")
-        words = words[:i] + words[i + 2:]
-    return " ".join(["python"] + words)
+RENAMED = {"rmsprop_alpha": "rms_decay", "eps": "opt_eps", "rms_eps": "opt_eps"}
+"""Config fields that some results files record under another name: A2C's `rmsprop_alpha` and
+`eps`, IMPALA's `rms_eps`."""
+
+
+def ran_config(record: dict) -> dict:
+    """The Config a results file records, under the Config's field names. (IMPALA's
+    `rms_eps` was RMSprop's epsilon only; its Adam ran with eps 1e-5.)"""
+    config = dict(record["config"])
+    if "rms_eps" in config and config.get("optimizer") == "adam":
+        config["rms_eps"] = 1e-5
+    return {RENAMED.get(k, k): v for k, v in config.items()}
+
+
+def command(record: dict, tag: str = "") -> str:
+    """The command that trains the config a results file records, into the same file (`tag`:
+    the part of its name after the environment): its recorded command line, without its
+    output directory, with a `--set` for every field whose value the presets
+    (`common/presets.py`) and variants no longer give, so that it reproduces the row after
+    the presets are retuned."""
+    from benchmarks.configs import parse_overrides
+    from benchmarks.learning import cell_config, make_parser
+
+    words = record["command"].split()
+    args = make_parser().parse_args(words[1:])
+    ran = ran_config(record)
+    overrides = {RENAMED.get(k, k): ran[RENAMED.get(k, k)] for k in parse_overrides(args.set)}
+    budget = args.total_timesteps or overrides.pop("total_timesteps", None)
+    now = dataclasses.asdict(cell_config(args.algo, args.env_id, budget, args.variant,
+                                         **overrides))
+    differ = [k for k in now if k in ran and k != "total_timesteps"
+              and _plain(ran[k]) != _plain(now[k])]
+    budget = ran["total_timesteps"] if now["total_timesteps"] != ran["total_timesteps"] \
+        else budget
+    out = ["python", words[0], "--algo", args.algo, "--env-id", args.env_id,
+           "--seeds", str(args.seeds)]
+    out += ["--total-timesteps", str(budget)] if budget is not None else []
+    out += ["--variant", args.variant] if args.variant else []
+    sets = [f"{k}={_short(ran[k])}" for k in [*overrides, *differ]]
+    out += ["--set", *sets] if sets else []
+    out += ["--tag", tag] if tag != args.variant else []
+    return " ".join(out)
+
+
+def _plain(value):
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def _short(value) -> str:
+    """A value as `--set` reads it, floats in their shortest exact form (7e-4, not 0.0007)."""
+    if not isinstance(value, float):
+        return str(value)
+    mantissa, exponent = f"{value:e}".split("e")
+    scientific = f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+    return min((repr(value), scientific) if float(scientific) == value else (repr(value),),
+               key=len)
 
 
 def speed_tables(files):
