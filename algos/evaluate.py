@@ -12,6 +12,7 @@ import importlib
 import os
 import sys
 from functools import partial
+from typing import Annotated
 
 import jax
 import numpy as np
@@ -31,7 +32,7 @@ ALGOS = {"ppo": "algos.ppo", "a2c": "algos.a2c", "impala": "algos.impala"}
 class Args:
     """Evaluate a saved run: the deterministic policy (mode of pi) of every run it holds."""
 
-    checkpoint: tyro.conf.Positional[str]
+    checkpoint: tyro.conf.Positional[Annotated[str, tyro.conf.arg(metavar="PATH")]]
     """A checkpoint file, or a run directory holding `latest.msgpack`."""
     episodes: int = 10
     """Episodes per run, each in its own environment."""
@@ -79,7 +80,7 @@ def restore_run(record: dict, path: str):
 
 def main(argv=None):
     """Evaluate the checkpoint named on the command line; print one line per run."""
-    args = tyro_cli(Args, argv)
+    args = tyro_cli(Args, argv, prog="python -m algos.evaluate")
     logger.enable_compilation_cache()  # a second evaluation of a run skips compiling
     try:
         if args.episodes < 1:

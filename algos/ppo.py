@@ -351,7 +351,8 @@ def make_train(config: Config, live_progress: bool = False):
 
     `metrics` maps names to arrays with one row per update (leading axis `num_updates`).
     `live_progress`: print progress from inside the compiled `train` (`jax.debug.callback`;
-    call `train.progress.close()` afterwards for the last line).
+    the last line, 100%, follows a moment after the run, or at once on
+    `train.progress.close()`).
     Raises `ValueError` for a network the environment cannot take, before anything compiles.
     """
     env, env_params, spec = make_env(config.env_id, config.brax_backend)

@@ -242,3 +242,27 @@ def test_global_step_is_a_64_bit_count_on_the_host(tmp_path):
     progress = type("P", (), {"report": lambda *a, **k: None, "timeline": []})()
     cli.log_chunk(session, rows, 2**14 - 2, 2**14, None, progress, [])
     assert rows["global_step"].tolist() == [[(2**14 - 1) * 2**20, 2**34]]  # past 2**31
+
+
+def test_the_summary_and_progress_say_n_a_where_there_is_no_figure():
+    """A run in which no episode ended (a short Brax run, say) summarises its return as
+    `n/a`, not `nan`; runs without one are counted apart from those with one; and the first
+    progress line, with no interval behind it yet, shows no SPS figure."""
+    import io
+
+    from common.host.logger import Progress
+
+    nan = float("nan")
+    assert cli.summary(np.array([nan, nan])) == "n/a: no episode ended"
+    assert cli.summary(np.array([10.0, nan, 30.0])) == \
+        "mean 20.00, min 10.00 (1 of 3 runs: no episode ended)"
+    assert cli.summary(np.array([10.0, 30.0])) == "mean 20.00, min 10.00"
+    stream = io.StringIO()
+    progress = Progress("ppo CartPole-v1", 1000, min_interval=0.0, stream=stream)
+    progress.report(0, [nan])
+    time.sleep(0.01)
+    progress.report(500, [20.0])
+    first, second = stream.getvalue().splitlines()
+    assert "nan" not in first and "return       n/a |        n/a SPS per run | ETA    n/a" \
+        in first, first
+    assert "nan" not in second and "return     20.00 |" in second, second

@@ -24,15 +24,21 @@ callbacks out of the compiled program, so it lands in JAX's persistent compilati
 second identical command skips compilation.
 """
 
+import ast
 import contextlib
+import copy
 import dataclasses
 import errno
+import inspect
 import math
 import os
+import re
 import signal
 import sys
+import textwrap
 import threading
 import time
+import types
 import warnings
 from functools import partial
 from typing import Annotated, Any
@@ -96,11 +102,12 @@ def parse(algo: str, config_cls, argv=None):
     """
     import tyro
 
-    unchecked = {cls: _without_checks(cls) for cls in (RunOptions, config_cls)}
+    unchecked = {RunOptions: _without_checks(RunOptions),  # the config's group: its first line
+                 config_cls: _without_checks(config_cls, config_cls.__doc__.split("\n")[0])}
     command = dataclasses.make_dataclass("Command", [
         ("run", Annotated[unchecked[RunOptions], tyro.conf.OmitArgPrefixes]),
         ("config", Annotated[unchecked[config_cls], tyro.conf.OmitArgPrefixes])])
-    command.__doc__ = config_cls.__doc__
+    command.__doc__ = paragraphs(config_cls.__doc__)
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         saved_run, saved_config, tuned = {"exp_name": algo}, {}, {}
@@ -151,7 +158,7 @@ def tyro_cli(cls, argv, **kwargs):
     except SystemExit as exit_:
         if exit_.code in (0, None):
             raise
-        fail(one_line(captured.getvalue()))
+        fail(one_line(captured.getvalue(), argv or ()))
 
 
 def _whole_numbers_registry():
@@ -173,8 +180,9 @@ def _whole_numbers_registry():
     return registry
 
 
-def one_line(box: str) -> str:
-    """tyro's error box as one line: its message, and the flag it suggests if it has one."""
+def one_line(box: str, argv=()) -> str:
+    """tyro's error box as one line: its message (`in_plain_words`; `argv`: the command line
+    it is about), and the flag it suggests if it has one."""
     sections, current = [], []  # the box's title, then its sections between rules
     for raw in box.splitlines() + [""]:
         line = raw.strip(" \u2502\u256d\u256e\u2570\u256f\u2500")
@@ -191,19 +199,90 @@ def one_line(box: str) -> str:
     body = [" ".join(sec) for sec in rest if not sec[0].startswith(("For full helptext",
                                                                   "Argument helptext",
                                                                   "Perhaps you meant"))]
-    message = body[0] if body else title
+    message = in_plain_words(body[0] if body else title, list(argv))
     for sec in rest:
         if sec[0].startswith("Perhaps you meant"):
-            flags = [w for line in sec[1:] for w in line.split()[:1] if w.startswith("-")]
+            flags = [w.rstrip(",") for line in sec[1:] for w in line.split()[:1]
+                     if w.startswith("-")]
             if flags:
                 message += f"; did you mean {' or '.join(dict.fromkeys(flags))}?"
     return message.rstrip(".") + " (see --help)."
 
 
-def _without_checks(cls):
-    """A copy of dataclass `cls` whose `__post_init__` checks nothing."""
+def in_plain_words(message: str, argv: list) -> str:
+    """tyro's message in the words of the command line: an unknown flag without the value
+    typed after it, a value given to a switch, a number that is not one."""
+    unknown = re.fullmatch(r"Unrecognized options?: (.*)", message)
+    if unknown:
+        tokens = [t.strip() for t in unknown.group(1).split(",")]
+        flags = [t for t in tokens if t.startswith("-")]
+        if flags:
+            return f"unknown flag{'s' if len(flags) > 1 else ''} {', '.join(flags)}"
+        before = argv[argv.index(tokens[0]) - 1] if tokens[0] in argv[1:] else ""
+        if before.startswith("--"):
+            on = f"--{before[5:]}" if before.startswith("--no-") else before
+            return (f"{before} takes no value, got {tokens[0]!r}: write {on} or "
+                    f"--no-{on[2:]}")
+        return f"unexpected value {tokens[0]!r}"
+    missing = re.fullmatch(r"Missing from [^:]*: (\S+) (.*?)\.? \(required\)", message)
+    if missing:  # a positional argument
+        return f"missing {missing.group(1)}: {missing.group(2)}"
+    choice = re.fullmatch(r"invalid choice '(.*)' for argument '(--[\w-]+)'\. Expected one of "
+                          r"\((.*)\)\.?", message)
+    if choice:
+        value, flag, choices = choice.groups()
+        return f"{flag}: expected one of {choices.replace(chr(39), '')}, got {value!r}"
+    no_value = re.fullmatch(r"Missing value for argument '(--[\w-]+)'.*", message)
+    if no_value:
+        return f"{no_value.group(1)} needs a value"
+    parsing = re.fullmatch(r"Error parsing (--[\w-]+): (.*)", message)
+    if parsing:
+        flag, detail = parsing.groups()
+        number = re.search(r"(?:to float: |from \[)'(.*?)'", detail)
+        if number:  # float's or tyro's own wording for a value that is not a number
+            wanted = "a number or None" if "{None}" in detail else "a number"
+            detail = f"expected {wanted}, got {number.group(1)!r}"
+        return f"{flag}: {detail}"
+    return message
+
+
+def _without_checks(cls, doc=None):
+    """A copy of dataclass `cls` whose `__post_init__` checks nothing, described by `doc`, with
+    each field's docstring as its `--help` text in one paragraph (tyro keeps the line breaks
+    of a docstring where they fall in the source)."""
+    docs = field_docs(cls)
+    fields = {}
+    for name, field in cls.__dataclass_fields__.items():
+        field = copy.copy(field)
+        if name in docs:
+            field.metadata = types.MappingProxyType({**field.metadata, "help": docs[name]})
+        fields[name] = field
     return type(cls.__name__, (cls,), {"__post_init__": lambda self: None,
-                                       "__doc__": cls.__doc__, "__module__": cls.__module__})
+                                       "__dataclass_fields__": fields,
+                                       "__doc__": doc or cls.__doc__,
+                                       "__module__": cls.__module__})
+
+
+def field_docs(cls) -> dict:
+    """`{field: its docstring as one line}` for the fields of dataclass `cls` and its bases
+    (the string literal under a field, read from the source)."""
+    docs = {}
+    for klass in reversed(cls.__mro__):
+        try:
+            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        except (OSError, TypeError, IndexError, AttributeError):  # no source: no docstrings
+            continue
+        for node, after in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and \
+                    isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) and \
+                    isinstance(after.value.value, str):
+                docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def paragraphs(doc: str) -> str:
+    """A docstring with each paragraph on one line, for `--help` (see `_without_checks`)."""
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(doc or "").split("\n\n"))
 
 
 def _build(unchecked, cls, values: dict, skip=()):
@@ -735,11 +814,21 @@ def summarise(s: Session) -> dict:
         if jax.process_count() > 1:
             print(f"parameters identical on all {jax.process_count()} processes", flush=True)
         print(f"done: {s.algo.upper()} on {config.env_id}, {run.num_seeds} run(s) x "
-              f"{steps:,} steps | final return (last 10% of updates) mean {np.mean(final):.2f}, "
-              f"min {np.min(final):.2f} | compile {s.compile_time:.1f}s, train "
-              f"{s.train_time:.1f}s ({trained / max(s.train_time, 1e-9):,.0f} SPS) on {where} "
+              f"{steps:,} steps | final return (last 10% of updates) {summary(final)} | "
+              f"compile {s.compile_time:.1f}s, train {s.train_time:.1f}s ({trained / max(s.train_time, 1e-9):,.0f} SPS) on {where} "
               f"| logs: {paths[0]}{more} | checkpoint: {s.path}", flush=True)
     return metrics
+
+
+def summary(final) -> str:
+    """`mean M, min m` of the runs' final returns, over the runs where an episode ended in the
+    last 10% of updates (a NaN return: none did), and how many had none."""
+    ended = final[np.isfinite(final)]
+    if not ended.size:
+        return "n/a: no episode ended"
+    missing = f" ({final.size - ended.size} of {final.size} runs: no episode ended)" \
+        if ended.size < final.size else ""
+    return f"mean {ended.mean():.2f}, min {ended.min():.2f}{missing}"
 
 
 # --------------------------------------------------------------------------------------------

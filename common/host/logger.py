@@ -80,8 +80,11 @@ class Progress:
 
     The CLI calls `report` between compiled chunks. Inside `jit`, `report_progress` calls the
     object itself once per vmapped run and update; it averages the runs of an update and
-    reports them together when the next update arrives (or on `close`).
+    reports them together when the next update arrives, or, for the last update, once no
+    more of its runs have arrived for `FINAL_WAIT` seconds (or on `close`).
     """
+
+    FINAL_WAIT = 0.1
 
     def __init__(self, name: str, total_steps: int, min_interval: float = 1.0, stream=None):
         self.name, self.total_steps, self.min_interval = name, total_steps, min_interval
@@ -90,6 +93,7 @@ class Progress:
         self.last_print = -math.inf
         self.pending = None  # [update, step, returns] gathered from callbacks
         self.timeline = []  # (global_step, wall time) of every report
+        self.lock, self.timer = threading.Lock(), None  # the last update's report, delayed
 
     def report(self, step: int, returns, final: bool = False):
         """Record that `step` steps (per run) are done; `returns` are the runs' recent returns."""
@@ -103,26 +107,37 @@ class Progress:
         finite = [float(r) for r in np.ravel(returns) if math.isfinite(r)]
         ret = f"{np.mean(finite):9.2f}" if finite else "      n/a"
         elapsed = now - self.start[1]
-        sps = (step - self.start[0]) / elapsed if elapsed > 0 else float("nan")
+        sps = (step - self.start[0]) / elapsed if elapsed > 0 else 0.0
         eta = f"{(self.total_steps - step) / sps:6.1f}s" if sps > 0 else "   n/a"
+        rate = f"{sps:>10,.0f}" if sps > 0 else "       n/a"  # the first report: no interval yet
         print(f"[{self.name}] step {step:>12,}/{self.total_steps:,} "
               f"({100 * step / self.total_steps:3.0f}%) | return {ret} | "
-              f"{sps:>10,.0f} SPS per run | ETA {eta}", file=self.stream, flush=True)
+              f"{rate} SPS per run | ETA {eta}", file=self.stream, flush=True)
 
     def __call__(self, update, global_step, returns):
-        if self.pending is not None and self.pending[0] != int(update):
-            self.close(final=False)
-        if self.pending is None:
-            self.pending = [int(update), int(global_step), []]
-        self.pending[2].append(float(returns))
+        with self.lock:
+            if self.pending is not None and self.pending[0] != int(update):
+                self._report_pending(final=False)
+            if self.pending is None:
+                self.pending = [int(update), int(global_step), []]
+            self.pending[2].append(float(returns))
+        if int(global_step) >= self.total_steps:  # no next update will report this one
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer = threading.Timer(self.FINAL_WAIT, self.close)
+            self.timer.start()
 
     def report_from_jit(self, update, num_updates: int, global_step, returns):
         """Inside `jit`: report about 50 times over a run of `num_updates` (`report_progress`)."""
         report_progress(self, update, num_updates, max(1, num_updates // 50), global_step,
                         returns)
 
-    def close(self, final: bool = True):
+    def close(self):
         """Report what the callbacks gathered last."""
+        with self.lock:
+            self._report_pending(final=True)
+
+    def _report_pending(self, final: bool):
         if self.pending is not None:
             _, step, returns = self.pending
             self.pending = None

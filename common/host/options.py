@@ -32,7 +32,8 @@ class RunOptions:
     exp_name: str = ""
     """Experiment name, part of the run directory name."""
     log_dir: str = "runs"
-    """TensorBoard runs go to `{log_dir}/{env_id}__{exp_name}__{seed}__{unix_time}`."""
+    """TensorBoard runs go to `{log_dir}/{env_id}__{exp_name}__{seed}__{unix_time}` (a `/` in
+    the id, as in `brax/hopper`, becomes `-`)."""
     log_every: int = 0
     """Each TensorBoard point is the mean of N consecutive updates (0: the fewest that keep a
     run within 1000 points per chart, which is what TensorBoard shows by default)."""
