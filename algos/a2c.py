@@ -57,7 +57,7 @@ from common.envs import EnvSpec, check_env_id, make_env
 from common.gae import gae
 from common.nn import CORES, Conv, Dense, orthogonal
 from common.rollout import EnvState, Trajectory, finished_episode_stats, reset, rollout
-from common.validate import check_fields, one_of, require
+from common.validate import check_fields, require
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,10 +138,6 @@ class Config:
         require(self, "unit", "gamma", "gae_lambda")
         require(self, "unit_open", "rms_decay")
         require(self, "nonnegative", "ent_coef", "vf_coef")
-        one_of(self, "optimizer", ("rmsprop", "adam"))
-        one_of(self, "activation", ("tanh", "relu"))
-        one_of(self, "network", ("auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru", "lstm",
-                                 "mlp-lstm", "cnn-lstm"))
         if self.total_timesteps < self.batch_size:
             raise ValueError(f"--total-timesteps {self.total_timesteps} is less than one "
                              f"rollout (num_envs * num_steps = {self.batch_size}).")

@@ -58,7 +58,7 @@ from common.envs import EnvSpec, check_env_id, make_env
 from common.minibatch import permutation
 from common.nn import CORES, Conv, Dense, orthogonal
 from common.rollout import EnvState, finished_episode_stats, reset, rollout
-from common.validate import check_fields, one_of, require
+from common.validate import check_fields, require
 from common.vtrace import vtrace
 
 
@@ -154,10 +154,6 @@ class Config:
         require(self, "unit", "gamma", "vtrace_lambda")
         require(self, "unit_open", "rms_decay")
         require(self, "nonnegative", "ent_coef", "vf_coef", "kl_coef")
-        one_of(self, "optimizer", ("rmsprop", "adam"))
-        one_of(self, "activation", ("tanh", "relu"))
-        one_of(self, "network", ("auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru", "lstm",
-                                 "mlp-lstm", "cnn-lstm"))
         if self.num_envs % self.num_minibatches:
             raise ValueError(
                 f"--num-envs {self.num_envs} is not divisible by --num-minibatches "

@@ -49,7 +49,7 @@ from common.gae import gae
 from common.minibatch import flat_optimizer, sgd_scan, shuffled_minibatches
 from common.nn import CORES, Conv, Dense, orthogonal
 from common.rollout import EnvState, finished_episode_stats, reset, rollout
-from common.validate import check_fields, one_of, optional_positive, require
+from common.validate import check_fields, optional_positive, require
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,9 +126,6 @@ class Config:
         require(self, "unit", "gamma", "gae_lambda")
         require(self, "nonnegative", "ent_coef", "vf_coef")
         optional_positive(self, "target_kl")
-        one_of(self, "activation", ("tanh", "relu"))
-        one_of(self, "network", ("auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru", "lstm",
-                                 "mlp-lstm", "cnn-lstm"))
         if self.batch_size % self.num_minibatches:
             raise ValueError(
                 f"num_envs * num_steps = {self.batch_size} is not divisible by "

@@ -111,14 +111,6 @@ def require(config, rule: str, *names: str):
             raise ValueError(f"{flag(name)} {must}, got {value!r}.")
 
 
-def one_of(config, name: str, options):
-    """Raise `ValueError` unless field `name` is one of `options`."""
-    value = getattr(config, name)
-    if value not in options:
-        raise ValueError(f"{flag(name)} must be one of {', '.join(map(repr, options))}, "
-                         f"got {value!r}.")
-
-
 def optional_positive(config, name: str):
     """Raise `ValueError` unless field `name` is None or a finite number > 0."""
     value = getattr(config, name)

@@ -9,7 +9,7 @@ shows both as one flat list of CleanRL-style flags (`--seed`, `--exp-name`, `--n
 import dataclasses
 from typing import Literal
 
-from common.validate import check_fields, one_of, require
+from common.validate import check_fields, require
 
 MAX_SEED = 2**64 - 1
 """Seeds are 64-bit: seed s is the key `[s >> 32, s & 0xFFFFFFFF]` (`logger.seed_keys`)."""
@@ -80,7 +80,6 @@ class RunOptions:
         if self.process_id >= self.num_processes:
             raise ValueError(f"--process-id must be in [0, num_processes) = "
                              f"[0, {self.num_processes}), got {self.process_id}.")
-        one_of(self, "parallel", ("seeds", "data"))
 
 
 def whole_number(text: str) -> int:
