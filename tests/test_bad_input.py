@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from flax import serialization
 
+from common.host.cli import paragraphs
 from helpers import save_initial
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -273,7 +274,7 @@ def test_help_shows_each_docstring_as_written_not_broken_where_the_source_breaks
         name, capsys, monkeypatch):
     """`--help` gives every field's docstring as one paragraph (tyro alone breaks the line
     wherever the source does), the file's description once in full and, over the
-    hyperparameters, its first line."""
+    hyperparameters, its first sentence."""
     monkeypatch.setenv("COLUMNS", "400")  # no wrapping by the terminal's width
     with pytest.raises(SystemExit) as exit_info:
         entry_point(name)(["--help"])
@@ -282,5 +283,5 @@ def test_help_shows_each_docstring_as_written_not_broken_where_the_source_breaks
     assert "Apply the tuned settings of the named environment (`common/presets.py`) when it " \
            "has one; any flag given wins." in out
     module = importlib.import_module(f"algos.{name}")
-    first, *rest = module.Config.__doc__.split("\n")
-    assert out.count(first) == 2 and " ".join(" ".join(rest).split()) in out
+    first = module.Config.__doc__.split(".")[0]
+    assert out.count(paragraphs(module.Config.__doc__)) == 1 and out.count(first) == 2

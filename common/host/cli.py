@@ -102,8 +102,8 @@ def parse(algo: str, config_cls, argv=None):
     """
     import tyro
 
-    unchecked = {RunOptions: _without_checks(RunOptions),  # the config's group: its first line
-                 config_cls: _without_checks(config_cls, config_cls.__doc__.split("\n")[0])}
+    unchecked = {RunOptions: _without_checks(RunOptions),  # the config's group: first sentence
+                 config_cls: _without_checks(config_cls, config_cls.__doc__.split(".")[0])}
     command = dataclasses.make_dataclass("Command", [
         ("run", Annotated[unchecked[RunOptions], tyro.conf.OmitArgPrefixes]),
         ("config", Annotated[unchecked[config_cls], tyro.conf.OmitArgPrefixes])])
