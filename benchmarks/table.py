@@ -138,10 +138,8 @@ def command(record: dict, tag: str = "") -> str:
     ran = ran_config(record)
     overrides = {RENAMED.get(k, k): ran[RENAMED.get(k, k)] for k in parse_overrides(args.set)}
     budget = args.total_timesteps or overrides.pop("total_timesteps", None)
-    now = dataclasses.asdict(cell_config(args.algo, args.env_id, budget, args.variant,
-                                         **overrides))
-    differ = [k for k in now if k in ran and k != "total_timesteps"
-              and _plain(ran[k]) != _plain(now[k])]
+    now = as_json(cell_config(args.algo, args.env_id, budget, args.variant, **overrides))
+    differ = [k for k in now if k in ran and k != "total_timesteps" and ran[k] != now[k]]
     budget = ran["total_timesteps"] if now["total_timesteps"] != ran["total_timesteps"] \
         else budget
     out = ["python", words[0], "--algo", args.algo, "--env-id", args.env_id,
@@ -154,8 +152,9 @@ def command(record: dict, tag: str = "") -> str:
     return " ".join(out)
 
 
-def _plain(value):
-    return list(value) if isinstance(value, (list, tuple)) else value
+def as_json(config) -> dict:
+    """A Config's fields as a results file records them (tuples become lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(config)))
 
 
 def _short(value) -> str:

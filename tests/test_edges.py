@@ -253,10 +253,10 @@ def test_the_summary_and_progress_say_n_a_where_there_is_no_figure():
     from common.host.logger import Progress
 
     nan = float("nan")
-    assert cli.summary(np.array([nan, nan])) == "n/a: no episode ended"
-    assert cli.summary(np.array([10.0, nan, 30.0])) == \
+    assert cli.final_return_text(np.array([nan, nan])) == "n/a: no episode ended"
+    assert cli.final_return_text(np.array([10.0, nan, 30.0])) == \
         "mean 20.00, min 10.00 (1 of 3 runs: no episode ended)"
-    assert cli.summary(np.array([10.0, 30.0])) == "mean 20.00, min 10.00"
+    assert cli.final_return_text(np.array([10.0, 30.0])) == "mean 20.00, min 10.00"
     stream = io.StringIO()
     progress = Progress("ppo CartPole-v1", 1000, min_interval=0.0, stream=stream)
     progress.report(0, [nan])

@@ -102,8 +102,9 @@ def parse(algo: str, config_cls, argv=None):
     """
     import tyro
 
-    unchecked = {RunOptions: _without_checks(RunOptions),  # the config's group: first sentence
-                 config_cls: _without_checks(config_cls, config_cls.__doc__.split(".")[0])}
+    unchecked = {RunOptions: _without_checks(RunOptions),
+                 config_cls: _without_checks(config_cls,  # its group's heading: first sentence
+                                             config_cls.__doc__.split(".")[0])}
     command = dataclasses.make_dataclass("Command", [
         ("run", Annotated[unchecked[RunOptions], tyro.conf.OmitArgPrefixes]),
         ("config", Annotated[unchecked[config_cls], tyro.conf.OmitArgPrefixes])])
@@ -814,13 +815,14 @@ def summarise(s: Session) -> dict:
         if jax.process_count() > 1:
             print(f"parameters identical on all {jax.process_count()} processes", flush=True)
         print(f"done: {s.algo.upper()} on {config.env_id}, {run.num_seeds} run(s) x "
-              f"{steps:,} steps | final return (last 10% of updates) {summary(final)} | "
-              f"compile {s.compile_time:.1f}s, train {s.train_time:.1f}s ({trained / max(s.train_time, 1e-9):,.0f} SPS) on {where} "
+              f"{steps:,} steps | final return (last 10% of updates) {final_return_text(final)} "
+              f"| compile {s.compile_time:.1f}s, train {s.train_time:.1f}s "
+              f"({trained / max(s.train_time, 1e-9):,.0f} SPS) on {where} "
               f"| logs: {paths[0]}{more} | checkpoint: {s.path}", flush=True)
     return metrics
 
 
-def summary(final) -> str:
+def final_return_text(final) -> str:
     """`mean M, min m` of the runs' final returns, over the runs where an episode ended in the
     last 10% of updates (a NaN return: none did), and how many had none."""
     ended = final[np.isfinite(final)]
