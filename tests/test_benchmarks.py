@@ -1,12 +1,17 @@
 """The benchmark scripts' own logic (their figures are measured by running them, not here)."""
 
+import glob
 import importlib
+import json
+import os
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from benchmarks import sweep
+from benchmarks import sweep, table
+from benchmarks.configs import parse_overrides
+from benchmarks.learning import cell_config, make_parser
 from common.host.logger import seed_keys
 from tests.helpers import tiny_run
 
@@ -70,17 +75,10 @@ def test_every_results_row_has_a_command_that_trains_the_config_it_recorded():
     `learning.py`'s parser, builds the config the file records (under today's field names),
     however the presets have been retuned since; and it writes to the same file name. At least
     one file ran settings that today's presets no longer give, so the `--set` is exercised."""
-    import glob
-    import json
-    import os
-
-    from benchmarks import table
-    from benchmarks.configs import parse_overrides
-    from benchmarks.learning import cell_config, make_parser
-
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     files = glob.glob(os.path.join(root, "benchmarks", "results", "*__*.json")) + \
         glob.glob(os.path.join(root, "benchmarks", "results", "gpu", "*__*.json"))
+
     def config_of(words):
         args = make_parser().parse_args(words)
         overrides = {table.RENAMED.get(k, k): v for k, v in parse_overrides(args.set).items()}

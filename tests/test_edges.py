@@ -6,6 +6,7 @@ processes: `tests/test_processes.py`.)"""
 
 import errno
 import glob
+import io
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 
 from algos.ppo import main
 from common.host import checkpoint, cli
+from common.host.logger import Progress
 from helpers import save_initial
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -248,10 +250,6 @@ def test_the_summary_and_progress_say_n_a_where_there_is_no_figure():
     """A run in which no episode ended (a short Brax run, say) summarises its return as
     `n/a`, not `nan`; runs without one are counted apart from those with one; and the first
     progress line, with no interval behind it yet, shows no SPS figure."""
-    import io
-
-    from common.host.logger import Progress
-
     nan = float("nan")
     assert cli.final_return_text(np.array([nan, nan])) == "n/a: no episode ended"
     assert cli.final_return_text(np.array([10.0, nan, 30.0])) == \
