@@ -2,7 +2,7 @@
 training gets one line on stderr, `error: ...`, and a non-zero exit (2), for every algorithm and
 for the `evaluate` entry point: bad values and sizes, values that do not survive float32,
 sizes that cannot fit in memory, paths that cannot be written, process options, corrupt
-checkpoints, and malformed flags (tyro's boxed message, turned into one line). Every case
+checkpoints, and malformed flags (tyro's boxed message, in the command line's words). Every case
 here fails before anything compiles. A config built from Python refuses the same values.
 Mistakes during training (a diverging loss, an interrupted run, a full disk) are tested in
 `tests/test_checkpoint.py` and `tests/test_edges.py`.
