@@ -26,7 +26,6 @@ separate process. Raw rows:
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from benchmarks.configs import summary_figures  # noqa: E402
 
 
 def bare(algo: str, args: list[str], chunk_loop: bool = False) -> dict:
@@ -45,7 +46,6 @@ def bare(algo: str, args: list[str], chunk_loop: bool = False) -> dict:
     import numpy as np
     from jax.sharding import PartitionSpec as P
 
-    sys.path.insert(0, ROOT)
     from common.host import cli
     from common.host.devices import Layout, setup_devices
     from common.host.logger import seed_keys
@@ -101,17 +101,13 @@ def run_cli(algo, args, cache: str) -> dict:
         wall = time.perf_counter() - start
     if result.returncode:
         raise SystemExit(f"{algo} {' '.join(args)} failed:\n{result.stderr[-2000:]}")
-    done = [line for line in result.stdout.splitlines() if line.startswith("done:")][-1]
-    compile_s, train_s, sps = re.search(
-        r"compile ([\d.]+)s, train ([\d.]+)s \(([\d,]+) SPS\)", done).groups()
-    final = float(re.search(r"final return \(last 10% of updates\) mean (-?[\d.]+)", done)[1])
-    return {"wall_s": wall, "compile_s": float(compile_s), "train_s": float(train_s),
-            "sps": float(sps.replace(",", "")), "final_return": final}
+    figures = summary_figures(result.stdout)
+    return {"wall_s": wall, "compile_s": figures["compile"], "train_s": figures["train"],
+            "sps": figures["sps"], "final_return": figures["mean"]}
 
 
 def side_by_side(algos, seeds, total_timesteps: int, repeats: int,
                  chunk_loop: bool = False, num_devices=None) -> list[dict]:
-    sys.path.insert(0, ROOT)
     import importlib
 
     from common.host.cli import chunk_size
@@ -192,7 +188,6 @@ def start_to_exit(repeats: int) -> dict:
 
 
 def main():
-    sys.path.insert(0, ROOT)
     from common.host.options import whole_number
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

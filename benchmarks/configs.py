@@ -14,6 +14,7 @@ import ast
 import dataclasses
 import json
 import os
+import re
 import subprocess
 from importlib import metadata
 
@@ -102,3 +103,19 @@ def save_record(record: dict, out_dir: str, name: str) -> str:
     with open(path, "w") as f:
         json.dump(record, f, separators=(",", ":"))
     return path
+
+
+SUMMARY = re.compile(r"final return \(last 10% of updates\) (?:mean (?P<mean>-?[\d.]+), min "
+                     r"(?P<min>-?[\d.]+)[^|]*|n/a[^|]*)\| compile (?P<compile>[\d.]+)s, train "
+                     r"(?P<train>[\d.]+)s \((?P<sps>[\d,]+) SPS\)")
+"""The figures of the command line's summary line, `done: ...`."""
+
+
+def summary_figures(stdout: str) -> dict:
+    """From a command-line run's output: the final return's `mean` and `min` (NaN where no
+    episode ended), `compile` and `train` seconds and `sps`, from its summary line."""
+    match = SUMMARY.search(stdout)
+    if match is None:
+        raise RuntimeError(f"no summary line in:\n{stdout[-2000:]}")
+    return {k: float(match[k].replace(",", "")) if match[k] else float("nan")
+            for k in ("mean", "min", "compile", "train", "sps")}

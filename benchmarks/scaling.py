@@ -30,7 +30,6 @@ commit that made them.
 import argparse
 import json
 import os
-import re
 import socket
 import statistics
 import subprocess
@@ -40,10 +39,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from benchmarks.configs import source_commit  # noqa: E402
+from benchmarks.configs import source_commit, summary_figures  # noqa: E402
 from common.host.options import whole_number  # noqa: E402
-DONE = re.compile(r"final return \(last 10% of updates\) mean ([-\d.na]+), min ([-\d.na]+) \| "
-                  r"compile [\d.]+s, train ([\d.]+)s \(([\d,]+) SPS\)")
 
 
 def free_port() -> int:
@@ -74,10 +71,8 @@ def run_once(args, processes: int = 1, pin: bool = False, env_extra=None, timeou
     for r, (out, err) in zip(runs, outs):
         if r.returncode != 0:
             raise RuntimeError(f"{commands} failed ({r.returncode}):\n{err[-3000:]}")
-    match = DONE.search(outs[0][0])
-    if match is None:
-        raise RuntimeError(f"no summary line in:\n{outs[0][0][-2000:]}")
-    return float(match[4].replace(",", "")), float(match[1]), float(match[2]), wall
+    figures = summary_figures(outs[0][0])
+    return figures["sps"], figures["mean"], figures["min"], wall
 
 
 def start_to_exit(repeats: int) -> list[dict]:

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from benchmarks.configs import summary_figures
 from common.host.logger import final_return, seed_keys
 from helpers import ALGOS, OPTIMISED, stacked, tiny_run
 
@@ -237,6 +238,8 @@ def test_cli_trains_logs_evaluates_and_summarises(algo, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"[{algo} CartPole-v1] step" in result.stdout and "SPS" in result.stdout
     assert f"done: {algo.upper()} on CartPole-v1, 2 run(s)" in result.stdout, result.stdout
+    figures = summary_figures(result.stdout)  # as the benchmarks read the summary line
+    assert figures["sps"] > 0 and figures["min"] <= figures["mean"], figures
     runs = sorted(os.listdir(tmp_path / "runs"))
     assert [r.split("__")[:3] for r in runs] == [["CartPole-v1", algo, "1"],
                                                  ["CartPole-v1", algo, "2"]], runs

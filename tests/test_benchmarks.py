@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from benchmarks import sweep, table
-from benchmarks.configs import parse_overrides
+from benchmarks.configs import parse_overrides, summary_figures
 from benchmarks.learning import cell_config, make_parser
+from common.host.cli import final_return_text
 from common.host.logger import seed_keys
 from tests.helpers import tiny_run
 
@@ -105,3 +106,15 @@ def test_every_results_row_has_a_command_that_trains_the_config_it_recorded():
         assert os.path.basename(path) == name, command
         retuned += not same(config_of(record["command"].split()[1:])[1], ran)
     assert retuned > 0
+
+
+def test_the_benchmarks_read_a_summary_line_without_a_final_return():
+    """A run in which no episode ended, or only in some runs, still gives its speed."""
+    nan = float("nan")
+    for finals, mean in (([nan, nan], nan), ([10.0, nan, 30.0], 20.0), ([5.0], 5.0)):
+        line = (f"done: PPO on brax/hopper, 1 run(s) x 2,048 steps | final return (last 10% "
+                f"of updates) {final_return_text(np.array(finals))} | compile 1.5s, train 0.1s "
+                f"(31,883 SPS) on 1 device(s), parallel seeds | logs: runs/x | checkpoint: y")
+        figures = summary_figures(line)
+        assert figures["sps"] == 31883 and figures["train"] == 0.1, figures
+        np.testing.assert_equal(figures["mean"], mean)
