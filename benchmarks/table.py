@@ -134,6 +134,8 @@ def command(record: dict, tag: str = "") -> str:
     from benchmarks.learning import cell_config, make_parser
 
     words = record["command"].split()
+    if words[0] != "benchmarks/learning.py":  # a command-line run (`benchmarks/gpu_brax.py`)
+        return " ".join(["python", *words])
     args = make_parser().parse_args(words[1:])
     ran = ran_config(record)
     overrides = {RENAMED.get(k, k): ran[RENAMED.get(k, k)] for k in parse_overrides(args.set)}
