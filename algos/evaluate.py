@@ -21,7 +21,7 @@ import tyro
 from common.envs import make_env
 from common.evaluate import evaluate, record_episode
 from common.host import checkpoint, logger
-from common.host.cli import tyro_cli
+from common.host.flags import tyro_cli
 from common.host.video import check_renderer, save_video
 
 ALGOS = {"ppo": "algos.ppo", "a2c": "algos.a2c", "impala": "algos.impala"}

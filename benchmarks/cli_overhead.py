@@ -10,7 +10,7 @@ For each (algorithm, seed count), on CartPole with that algorithm's defaults and
 `--total-timesteps` steps per seed, each in a fresh process, alternating, `--repeats` times:
 
 - **bare**: `jit(shard_map(vmap(train)))` on the device layout the command line chooses for
-  the same flags (`common.host.cli.parse`, `setup_devices`, `Layout`), compiled once, then the
+  the same flags (`common.host.flags.parse`, `setup_devices`, `Layout`), compiled once, then the
   whole run timed;
 - **cli**: `python algos/<algo>.py` with the same flags, a checkpoint after every chunk and
   TensorBoard on; its training SPS is the one its summary line reports (compilation excluded).

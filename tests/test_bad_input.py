@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from flax import serialization
 
-from common.host.cli import paragraphs
+from common.host.flags import paragraphs
 from helpers import save_initial
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

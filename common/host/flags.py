@@ -1,0 +1,235 @@
+"""The command line's flags: the run options and an algorithm's `Config` as one flat list,
+parsed with tyro, with bad input as one line.
+
+`parse(algo, Config, argv)` is the first step of `common/host/cli.py`'s `main`. The flags keep
+CleanRL's names; the named environment's preset (`common/presets.py`) or the checkpoint given
+to `--resume` supplies the defaults; tyro's messages for a malformed command line are put in
+the command line's own words (`in_plain_words`), and `--help` shows each field's docstring.
+"""
+
+import ast
+import contextlib
+import copy
+import dataclasses
+import inspect
+import re
+import sys
+import textwrap
+import types
+from typing import Annotated
+
+from common import presets
+from common.host import checkpoint
+from common.host.devices import fail
+from common.host.options import RunOptions, whole_number
+
+def parse(algo: str, config_cls, argv=None):
+    """`(config, run)` from the command line with tyro; a bad value exits 2 with one line.
+
+    The flags of `RunOptions` and of `config_cls` form one flat list (no prefixes). tyro parses
+    into copies of both classes without `__post_init__`, so that their own validation message
+    reaches the user as one line rather than inside tyro's error box. With `--resume PATH`,
+    the saved run gives the defaults: flags not given continue the saved run, and a given flag
+    that changes it is refused by `train_and_log`. Where the run goes (the processes and
+    their coordinator) is never inherited: a run saved by two processes can be resumed by one.
+    """
+    import tyro
+
+    unchecked = {RunOptions: _without_checks(RunOptions),
+                 config_cls: _without_checks(config_cls,  # its group's heading: first sentence
+                                             config_cls.__doc__.split(".")[0])}
+    command = dataclasses.make_dataclass("Command", [
+        ("run", Annotated[unchecked[RunOptions], tyro.conf.OmitArgPrefixes]),
+        ("config", Annotated[unchecked[config_cls], tyro.conf.OmitArgPrefixes])])
+    command.__doc__ = paragraphs(config_cls.__doc__)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        saved_run, saved_config, tuned = {"exp_name": algo}, {}, {}
+        resume = _flag_value(argv, "--resume")
+        if resume is not None:
+            record = checkpoint.load(checkpoint.resolve(resume))
+            saved_run, saved_config = record["run"], record["config"]
+        elif "--no-presets" not in argv:  # the named environment's tuned settings
+            env_id = _flag_value(argv, "--env-id") or _default(config_cls, "env_id")
+            saved_config = tuned = {"env_id": env_id, **presets.preset(algo, env_id)}
+        default = command(_build(unchecked[RunOptions], RunOptions, saved_run,
+                                 skip={"resume", *NOT_INHERITED}),
+                          _build(unchecked[config_cls], config_cls, saved_config))
+        parsed = tyro_cli(command, argv, default=default)
+        config = config_cls(**dataclasses.asdict(parsed.config))
+        run = RunOptions(**dataclasses.asdict(parsed.run))
+    except ValueError as error:  # checkpoint.CheckpointError included
+        fail(error)
+    applied = {k: v for k, v in tuned.items() if k != "env_id" and getattr(config, k) == v
+               and v != _default(config_cls, k)}
+    if applied and run.process_id == 0:
+        print(f"preset for {algo} on {config.env_id} (common/presets.py): "
+              f"{', '.join(f'{k}={v}' for k, v in applied.items())}; flags given win, "
+              "--no-presets for the file's defaults", flush=True)
+    return config, run
+
+
+def _default(cls, name: str):
+    """The default value of dataclass field `name`."""
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+
+NOT_INHERITED = ("coordinator_address", "num_processes", "process_id")
+"""Run options a resumed run does not take from its checkpoint: where it runs now."""
+
+
+def tyro_cli(cls, argv, **kwargs):
+    """`tyro.cli(cls, args=argv)`, with tyro's boxed error message (a mistyped value, an
+    unknown flag) turned into one line, `error: ...`, and exit status 2. `--help` is tyro's."""
+    import io
+
+    import tyro
+
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            return tyro.cli(cls, args=argv, registry=_whole_numbers_registry(), **kwargs)
+    except SystemExit as exit_:
+        if exit_.code in (0, None):
+            raise
+        fail(one_line(captured.getvalue(), argv or ()))
+
+
+def _whole_numbers_registry():
+    """tyro's parsing with one rule added: every `int` flag reads its value with
+    `whole_number`, so `--total-timesteps 1e7` means 10,000,000."""
+    import tyro
+
+    registry = tyro.constructors.ConstructorRegistry()
+
+    @registry.primitive_rule
+    def _(type_info):
+        if type_info.type is not int:
+            return None
+        return tyro.constructors.PrimitiveConstructorSpec(
+            nargs=1, metavar="INT", instance_from_str=lambda args: whole_number(args[0]),
+            is_instance=lambda x: isinstance(x, int) and not isinstance(x, bool),
+            str_from_instance=lambda x: [str(x)])
+
+    return registry
+
+
+def one_line(box: str, argv=()) -> str:
+    """tyro's error box as one line: its message (`in_plain_words`; `argv`: the command line
+    it is about), and the flag it suggests if it has one."""
+    sections, current = [], []  # the box's title, then its sections between rules
+    for raw in box.splitlines() + [""]:
+        line = raw.strip(" \u2502\u256d\u256e\u2570\u256f\u2500")
+        if set(line) <= set("-"):  # a rule (or the border around it)
+            sections += [current] if current else []
+            current = []
+        elif raw.lstrip().startswith("\u256d"):  # the top border, with the title in it
+            sections.append([line])
+        else:
+            current.append(line)
+    if not sections:
+        return "could not parse the command line; see --help."
+    title, rest = " ".join(sections[0]), sections[1:]
+    body = [" ".join(sec) for sec in rest if not sec[0].startswith(("For full helptext",
+                                                                  "Argument helptext",
+                                                                  "Perhaps you meant"))]
+    message = in_plain_words(body[0] if body else title, list(argv))
+    for sec in rest:
+        if sec[0].startswith("Perhaps you meant"):
+            flags = [w.rstrip(",") for line in sec[1:] for w in line.split()[:1]
+                     if w.startswith("-")]
+            if flags:
+                message += f"; did you mean {' or '.join(dict.fromkeys(flags))}?"
+    return message.rstrip(".") + " (see --help)."
+
+
+def in_plain_words(message: str, argv: list) -> str:
+    """tyro's message in the words of the command line: an unknown flag without the value
+    typed after it, a value given to a switch, a number that is not one."""
+    unknown = re.fullmatch(r"Unrecognized options?: (.*)", message)
+    if unknown:
+        tokens = [t.strip() for t in unknown.group(1).split(",")]
+        flags = [t for t in tokens if t.startswith("-")]
+        if flags:
+            return f"unknown flag{'s' if len(flags) > 1 else ''} {', '.join(flags)}"
+        before = argv[argv.index(tokens[0]) - 1] if tokens[0] in argv[1:] else ""
+        if before.startswith("--"):
+            on = f"--{before[5:]}" if before.startswith("--no-") else before
+            return (f"{before} takes no value, got {tokens[0]!r}: write {on} or "
+                    f"--no-{on[2:]}")
+        return f"unexpected value {tokens[0]!r}"
+    missing = re.fullmatch(r"Missing from [^:]*: (\S+) (.*?)\.? \(required\)", message)
+    if missing:  # a positional argument
+        return f"missing {missing.group(1)}: {missing.group(2)}"
+    choice = re.fullmatch(r"invalid choice '(.*)' for argument '(--[\w-]+)'\. Expected one of "
+                          r"\((.*)\)\.?", message)
+    if choice:
+        value, flag, choices = choice.groups()
+        return f"{flag}: expected one of {choices.replace(chr(39), '')}, got {value!r}"
+    no_value = re.fullmatch(r"Missing value for argument '(--[\w-]+)'.*", message)
+    if no_value:
+        return f"{no_value.group(1)} needs a value"
+    parsing = re.fullmatch(r"Error parsing (--[\w-]+): (.*)", message)
+    if parsing:
+        flag, detail = parsing.groups()
+        number = re.search(r"(?:to float: |from \[)'(.*?)'", detail)
+        if number:  # float's or tyro's own wording for a value that is not a number
+            wanted = "a number or None" if "{None}" in detail else "a number"
+            detail = f"expected {wanted}, got {number.group(1)!r}"
+        return f"{flag}: {detail}"
+    return message
+
+
+def _without_checks(cls, doc=None):
+    """A copy of dataclass `cls` whose `__post_init__` checks nothing, described by `doc`, with
+    each field's docstring as its `--help` text in one paragraph (tyro keeps the line breaks
+    of a docstring where they fall in the source)."""
+    docs = field_docs(cls)
+    fields = {}
+    for name, field in cls.__dataclass_fields__.items():
+        field = copy.copy(field)
+        if name in docs:
+            field.metadata = types.MappingProxyType({**field.metadata, "help": docs[name]})
+        fields[name] = field
+    return type(cls.__name__, (cls,), {"__post_init__": lambda self: None,
+                                       "__dataclass_fields__": fields,
+                                       "__doc__": doc or cls.__doc__,
+                                       "__module__": cls.__module__})
+
+
+def field_docs(cls) -> dict:
+    """`{field: its docstring as one line}` for the fields of dataclass `cls` and its bases
+    (the string literal under a field, read from the source)."""
+    docs = {}
+    for klass in reversed(cls.__mro__):
+        try:
+            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        except (OSError, TypeError, IndexError, AttributeError):  # no source: no docstrings
+            continue
+        for node, after in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and \
+                    isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) and \
+                    isinstance(after.value.value, str):
+                docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def paragraphs(doc: str) -> str:
+    """A docstring with each paragraph on one line, for `--help` (see `_without_checks`)."""
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(doc or "").split("\n\n"))
+
+
+def _build(unchecked, cls, values: dict, skip=()):
+    """`unchecked(**values)` keeping only the fields of `cls` (and none in `skip`)."""
+    names = {f.name for f in dataclasses.fields(cls)} - set(skip)
+    return unchecked(**{k: v for k, v in values.items() if k in names})
+
+
+def _flag_value(argv, flag: str):
+    """The value of `--flag VALUE` or `--flag=VALUE` in `argv`, or None."""
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
