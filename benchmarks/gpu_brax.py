@@ -34,10 +34,12 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks.configs import library_versions, save_record, source_commit  # noqa: E402
+from common.presets import PPO_BRAX_ACCELERATOR  # noqa: E402
 
-ACCELERATOR = ["--num-envs", "2048", "--num-steps", "10", "--num-minibatches", "32",
-               "--total-timesteps", "50000000"]
-"""The accelerator preset as flags, for the tasks whose preset is sized for a CPU (Hopper)."""
+ACCELERATOR = [word for name in ("num_envs", "num_steps", "num_minibatches", "total_timesteps")
+               for word in (f"--{name.replace('_', '-')}", str(PPO_BRAX_ACCELERATOR[name]))]
+"""The accelerator preset's sizes as flags, for the tasks whose preset is sized for a CPU
+(Hopper); its other settings are the CPU preset's too."""
 TASKS = [("brax/ant", ["--num-envs", "4096"], 0.5),
          ("brax/halfcheetah", [], 0.25),
          ("brax/hopper", ACCELERATOR, 0.25)]
@@ -64,7 +66,11 @@ def run_task(env_id: str, flags: list, limit_s: float, seeds: int, out_dir: str)
         run.wait(timeout=limit_s)
     except subprocess.TimeoutExpired:
         run.send_signal(signal.SIGINT)  # saves the last whole chunk, then exits
-        run.wait()
+        try:
+            run.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # never let one task eat the others' time
+            run.kill()
+            run.wait()
     wall = time.perf_counter() - start
     paths = [os.path.join(d, checkpoint.LATEST) for d, _, files in os.walk(log_dir)
              if checkpoint.LATEST in files]
