@@ -150,7 +150,17 @@ CATALOGUE = [
     ("a2c", ["--gamma", "high"], "error: --gamma: expected a number, got 'high'"),
     ("ppo", ["--target-kl", "abc"], "error: --target-kl: expected a number or None, got 'abc'"),
     ("impala", ["--num-env", "3"], "error: unknown flag --num-env; did you mean --num-envs?"),
-    ("ppo", ["--lr", "1e-3", "--foo"], "error: unknown flags --lr, --foo (see --help)."),
+    ("ppo", ["--foo", "1", "--bar"], "error: unknown flags --foo, --bar (see --help)."),
+    # ... named as another library names it: ours, not tyro's nearest spelling (--anneal-lr)
+    ("ppo", ["--lr", "1e-3"], "error: unknown flag --lr; did you mean --learning-rate? (see "
+                              "--help)."),
+    ("ppo", ["--lr=1e-3", "--foo"], "error: unknown flags --lr, --foo; did you mean "
+                                    "--learning-rate for --lr? (see --help)."),
+    ("a2c", ["--entropy-cost", "0.01", "--discounting", "0.9"], "did you mean --ent-coef for "
+                                                                "--entropy-cost, --gamma for "
+                                                                "--discounting?"),
+    ("ppo", ["--lambda", "0.9"], "did you mean --gae-lambda?"),
+    ("impala", ["--lambda", "0.9"], "did you mean --vtrace-lambda?"),
     ("a2c", ["--anneal-lr", "maybe"], "error: --anneal-lr takes no value, got 'maybe': write "
                                       "--anneal-lr or --no-anneal-lr"),
     ("ppo", ["--no-norm-adv", "0"], "--no-norm-adv takes no value, got '0': write --norm-adv "
@@ -256,6 +266,22 @@ def test_run_options_from_python_refuse_a_float_seed():
 
     with pytest.raises(ValueError, match=re.escape("--seed must be an integer, got 1.5")):
         RunOptions(seed=1.5)
+
+
+def test_every_other_name_points_at_a_field_that_exists():
+    """`OTHER_NAMES` may name a field only some algorithms have (`--clip-param`: PPO's
+    `clip_coef`), never one that none has (a typo would go unnoticed: no suggestion)."""
+    import dataclasses
+
+    from common.host.flags import OTHER_NAMES
+    from common.host.options import RunOptions
+
+    fields = {f.name for c in [RunOptions] + [importlib.import_module(f"algos.{a}").Config
+                                              for a in ("ppo", "a2c", "impala")]
+              for f in dataclasses.fields(c)}
+    for other, ours in OTHER_NAMES.items():
+        assert set(ours) <= fields, (other, set(ours) - fields)
+        assert other not in fields, other  # a name we have is never another's
 
 
 def test_mnist_bandit_runs_once_its_files_are_there(tmp_path, monkeypatch):

@@ -55,7 +55,8 @@ def parse(algo: str, config_cls, argv=None):
         default = command(_build(unchecked[RunOptions], RunOptions, saved_run,
                                  skip={"resume", *NOT_INHERITED}),
                           _build(unchecked[config_cls], config_cls, saved_config))
-        parsed = tyro_cli(command, argv, default=default)
+        known = {f.name for c in (RunOptions, config_cls) for f in dataclasses.fields(c)}
+        parsed = tyro_cli(command, argv, known, default=default)
         config = config_cls(**dataclasses.asdict(parsed.config))
         run = RunOptions(**dataclasses.asdict(parsed.run))
     except ValueError as error:  # checkpoint.CheckpointError included
@@ -78,9 +79,10 @@ NOT_INHERITED = ("coordinator_address", "num_processes", "process_id")
 """Run options a resumed run does not take from its checkpoint: where it runs now."""
 
 
-def tyro_cli(cls, argv, **kwargs):
+def tyro_cli(cls, argv, known=(), **kwargs):
     """`tyro.cli(cls, args=argv)`, with tyro's boxed error message (a mistyped value, an
-    unknown flag) turned into one line, `error: ...`, and exit status 2. `--help` is tyro's."""
+    unknown flag) turned into one line, `error: ...`, and exit status 2 (`one_line`, given the
+    field names `known`). `--help` is tyro's."""
     import io
 
     import tyro
@@ -92,7 +94,7 @@ def tyro_cli(cls, argv, **kwargs):
     except SystemExit as exit_:
         if exit_.code in (0, None):
             raise
-        fail(one_line(captured.getvalue(), argv or ()))
+        fail(one_line(captured.getvalue(), argv or (), known))
 
 
 def _whole_numbers_registry():
@@ -114,9 +116,48 @@ def _whole_numbers_registry():
     return registry
 
 
-def one_line(box: str, argv=()) -> str:
+OTHER_NAMES = {
+    # PureJaxRL's config keys
+    "lr": ("learning_rate",), "clip_eps": ("clip_coef",), "env_name": ("env_id",),
+    # Stable-Baselines3
+    "n_steps": ("num_steps",), "n_envs": ("num_envs",), "n_epochs": ("update_epochs",),
+    "clip_range": ("clip_coef",), "normalize_advantage": ("norm_adv",),
+    "rms_prop_eps": ("opt_eps",),
+    # RLlib
+    "lambda": ("gae_lambda", "vtrace_lambda"), "entropy_coeff": ("ent_coef",),
+    "vf_loss_coeff": ("vf_coef",), "clip_param": ("clip_coef",),
+    "grad_clip": ("max_grad_norm",), "num_sgd_iter": ("update_epochs",),
+    "num_epochs": ("update_epochs",), "kl_target": ("target_kl",),
+    "rollout_fragment_length": ("num_steps",), "vtrace_clip_rho_threshold": ("rho_bar",),
+    "vtrace_clip_pg_rho_threshold": ("pg_rho_bar",),
+    # TorchBeast's IMPALA (and the IMPALA paper's names)
+    "entropy_cost": ("ent_coef",), "baseline_cost": ("vf_coef",), "discounting": ("gamma",),
+    "unroll_length": ("num_steps",), "grad_norm_clipping": ("max_grad_norm",),
+    "total_steps": ("total_timesteps",), "epsilon": ("opt_eps",), "alpha": ("rms_decay",),
+    "env": ("env_id",),
+    # shorthands
+    "eps": ("opt_eps",), "rms_eps": ("opt_eps",), "rmsprop_alpha": ("rms_decay",),
+    "seeds": ("num_seeds",), "timesteps": ("total_timesteps",), "epochs": ("update_epochs",),
+    "minibatches": ("num_minibatches",), "norm_obs": ("normalize_obs",),
+    "norm_reward": ("normalize_reward",), "logdir": ("log_dir",), "devices": ("num_devices",),
+}
+"""What other libraries (and common shorthands) call a field, with the field (or fields, in
+order of preference) it is here: `--lr` is `--learning-rate`, not tyro's closest spelling
+`--anneal-lr`."""
+
+
+def our_flag(flag: str, known) -> str | None:
+    """The flag this command line has for `flag` as `OTHER_NAMES` knows it (`known`: this
+    command's field names), or None."""
+    name = flag.split("=")[0].lstrip("-").lower().replace("-", "_")
+    return next((f"--{n.replace('_', '-')}" for n in OTHER_NAMES.get(name, ()) if n in known),
+                None)
+
+
+def one_line(box: str, argv=(), known=()) -> str:
     """tyro's error box as one line: its message (`in_plain_words`; `argv`: the command line
-    it is about), and the flag it suggests if it has one."""
+    it is about), and the flag it suggests if it has one: for an unknown flag that another
+    library uses, ours (`OTHER_NAMES`; `known`: this command's field names), else tyro's."""
     sections, current = [], []  # the box's title, then its sections between rules
     for raw in box.splitlines() + [""]:
         line = raw.strip(" \u2502\u256d\u256e\u2570\u256f\u2500")
@@ -134,6 +175,13 @@ def one_line(box: str, argv=()) -> str:
                                                                   "Argument helptext",
                                                                   "Perhaps you meant"))]
     message = in_plain_words(body[0] if body else title, list(argv))
+    unknown = re.findall(r"--[\w-]+", message) if message.startswith("unknown flag") else []
+    ours = {flag: our_flag(flag, known) for flag in unknown}
+    ours = {flag: our for flag, our in ours.items() if our}
+    if ours:
+        return message + "; did you mean " + (
+            next(iter(ours.values())) if len(unknown) == 1 else
+            ", ".join(f"{our} for {flag}" for flag, our in ours.items())) + "? (see --help)."
     for sec in rest:
         if sec[0].startswith("Perhaps you meant"):
             flags = [w.rstrip(",") for line in sec[1:] for w in line.split()[:1]
@@ -149,7 +197,7 @@ def in_plain_words(message: str, argv: list) -> str:
     unknown = re.fullmatch(r"Unrecognized options?: (.*)", message)
     if unknown:
         tokens = [t.strip() for t in unknown.group(1).split(",")]
-        flags = [t for t in tokens if t.startswith("-")]
+        flags = [t.split("=")[0] for t in tokens if t.startswith("-")]  # not `--lr=1e-3`
         if flags:
             return f"unknown flag{'s' if len(flags) > 1 else ''} {', '.join(flags)}"
         before = argv[argv.index(tokens[0]) - 1] if tokens[0] in argv[1:] else ""
