@@ -7,7 +7,8 @@ start-to-exit time of the default command goes.
     python benchmarks/cli_overhead.py --algos ppo --seeds 8 --chunk-loop --no-start  # + chunks alone
 
 For each (algorithm, seed count), on CartPole with that algorithm's defaults and
-`--total-timesteps` steps per seed, each in a fresh process, alternating, `--repeats` times:
+`--total-timesteps` steps per seed, each in a fresh process, alternating (bare, cli, cli, bare,
+...: a slow drift of the machine's speed weighs on both alike), `--repeats` times:
 
 - **bare**: `jit(shard_map(vmap(train)))` on the device layout the command line chooses for
   the same flags (`common.host.flags.parse`, `setup_devices`, `Layout`), compiled once, then the
@@ -123,9 +124,11 @@ def side_by_side(algos, seeds, total_timesteps: int, repeats: int,
                         ["--num-devices", num_devices] if num_devices else [])
             bares, clis = [], []
             with tempfile.TemporaryDirectory() as cache:
-                for _ in range(repeats):
-                    bares.append(run_bare(algo, args, chunk_loop))
-                    clis.append(run_cli(algo, args, cache))
+                for i in range(repeats):  # bare, cli, cli, bare, ...: a drift cancels
+                    pair = [lambda: bares.append(run_bare(algo, args, chunk_loop)),
+                            lambda: clis.append(run_cli(algo, args, cache))]
+                    for run in pair[::-1] if i % 2 else pair:
+                        run()
             row = {"algo": algo, "seeds": n, "steps_per_seed": config.num_updates *
                    config.batch_size, "checkpoint_every": every,
                    "devices": bares[0]["devices"],
