@@ -176,8 +176,7 @@ def one_line(box: str, argv=(), known=()) -> str:
                                                                   "Perhaps you meant"))]
     message = in_plain_words(body[0] if body else title, list(argv))
     unknown = re.findall(r"--[\w-]+", message) if message.startswith("unknown flag") else []
-    ours = {flag: our_flag(flag, known) for flag in unknown}
-    ours = {flag: our for flag, our in ours.items() if our}
+    ours = {flag: our for flag in unknown if (our := our_flag(flag, known))}
     if ours:
         return message + "; did you mean " + (
             next(iter(ours.values())) if len(unknown) == 1 else
