@@ -130,16 +130,14 @@ def command(record: dict, tag: str = "") -> str:
     output directory, with a `--set` for every field whose value the presets
     (`common/presets.py`) and variants no longer give, so that it reproduces the row after
     the presets are retuned."""
-    from benchmarks.configs import parse_overrides
-    from benchmarks.learning import cell_config, make_parser
+    from benchmarks.learning import cell_config
 
     words = record["command"].split()
     if words[0] != "benchmarks/learning.py":  # a command-line run (`benchmarks/gpu_brax.py`)
         return " ".join(["python", *words])
-    args = make_parser().parse_args(words[1:])
+    args, overrides, budget = read_command(words[1:])
     ran = ran_config(record)
-    overrides = {RENAMED.get(k, k): ran[RENAMED.get(k, k)] for k in parse_overrides(args.set)}
-    budget = args.total_timesteps or overrides.pop("total_timesteps", None)
+    overrides = {k: ran[k] for k in overrides}
     now = as_json(cell_config(args.algo, args.env_id, budget, args.variant, **overrides))
     differ = [k for k in now if k in ran and k != "total_timesteps" and ran[k] != now[k]]
     budget = ran["total_timesteps"] if now["total_timesteps"] != ran["total_timesteps"] \
@@ -152,6 +150,18 @@ def command(record: dict, tag: str = "") -> str:
     out += ["--set", *sets] if sets else []
     out += ["--tag", tag] if tag != args.variant else []
     return " ".join(out)
+
+
+def read_command(words: list):
+    """`(args, overrides, budget)` of a `learning.py` command line (`words` after the script):
+    its parsed arguments, its `--set` fields under today's names (`RENAMED`) and its step
+    budget (`--total-timesteps` or `--set total_timesteps=N`; None: the preset's)."""
+    from benchmarks.configs import parse_overrides
+    from benchmarks.learning import make_parser
+
+    args = make_parser().parse_args(words)
+    overrides = {RENAMED.get(k, k): v for k, v in parse_overrides(args.set).items()}
+    return args, overrides, args.total_timesteps or overrides.pop("total_timesteps", None)
 
 
 def as_json(config) -> dict:

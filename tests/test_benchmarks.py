@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from benchmarks import sweep, table
-from benchmarks.configs import parse_overrides, summary_figures
-from benchmarks.learning import cell_config, make_parser
+from benchmarks.configs import summary_figures
+from benchmarks.learning import cell_config
 from common.host.cli import final_return_text
 from common.host.logger import seed_keys
 from tests.helpers import tiny_run
@@ -81,9 +81,7 @@ def test_every_results_row_has_a_command_that_trains_the_config_it_recorded():
         glob.glob(os.path.join(root, "benchmarks", "results", "gpu", "*__*.json"))
 
     def config_of(words):
-        args = make_parser().parse_args(words)
-        overrides = {table.RENAMED.get(k, k): v for k, v in parse_overrides(args.set).items()}
-        budget = args.total_timesteps or overrides.pop("total_timesteps", None)
+        args, overrides, budget = table.read_command(words)
         return args, table.as_json(cell_config(args.algo, args.env_id, budget, args.variant,
                                                **overrides))
 
