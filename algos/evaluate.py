@@ -80,7 +80,8 @@ def restore_run(record: dict, path: str):
 
 def main(argv=None):
     """Evaluate the checkpoint named on the command line; print one line per run."""
-    args = tyro_cli(Args, argv, prog="python -m algos.evaluate")
+    args = tyro_cli(Args, argv, {f.name for f in dataclasses.fields(Args)},
+                    prog="python -m algos.evaluate")
     logger.enable_compilation_cache()  # a second evaluation of a run skips compiling
     try:
         if args.episodes < 1:

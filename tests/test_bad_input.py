@@ -197,6 +197,12 @@ CATALOGUE = [
     ("evaluate", ["{flipped}"], "is corrupt: its contents do not match their checksum"),
     ("evaluate", ["{ckpt}", "--episodes", "many"], "error: --episodes: expected an integer"),
     ("evaluate", [], "error: missing PATH: A checkpoint file, or a run directory holding"),
+    # an unknown flag before the path takes the path as its value: still the unknown flag
+    ("evaluate", ["--lr", "{ckpt}"], "error: unknown flag --lr (see --help)."),
+    ("evaluate", ["--epsiodes", "3", "{ckpt}"],
+     "error: unknown flag --epsiodes; did you mean --episodes? (see --help)."),
+    ("ppo", ["--lr", "--num-seeds", "2"],
+     "error: unknown flag --lr; did you mean --learning-rate?"),
 ]
 
 

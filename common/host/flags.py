@@ -11,6 +11,7 @@ import ast
 import contextlib
 import copy
 import dataclasses
+import difflib
 import inspect
 import re
 import sys
@@ -94,7 +95,7 @@ def tyro_cli(cls, argv, known=(), **kwargs):
     except SystemExit as exit_:
         if exit_.code in (0, None):
             raise
-        fail(one_line(captured.getvalue(), argv or (), known))
+        fail(one_line(captured.getvalue(), sys.argv[1:] if argv is None else argv, known))
 
 
 def _whole_numbers_registry():
@@ -157,7 +158,9 @@ def our_flag(flag: str, known) -> str | None:
 def one_line(box: str, argv=(), known=()) -> str:
     """tyro's error box as one line: its message (`in_plain_words`; `argv`: the command line
     it is about), and the flag it suggests if it has one: for an unknown flag that another
-    library uses, ours (`OTHER_NAMES`; `known`: this command's field names), else tyro's."""
+    library uses, ours (`OTHER_NAMES`; `known`: this command's field names), else tyro's. An
+    unknown flag in `argv` is what the line names, whatever tyro tripped on (`--lr PATH`
+    reads PATH as the value of `--lr`, and tyro reports the path as missing)."""
     sections, current = [], []  # the box's title, then its sections between rules
     for raw in box.splitlines() + [""]:
         line = raw.strip(" \u2502\u256d\u256e\u2570\u256f\u2500")
@@ -175,6 +178,11 @@ def one_line(box: str, argv=(), known=()) -> str:
                                                                   "Argument helptext",
                                                                   "Perhaps you meant"))]
     message = in_plain_words(body[0] if body else title, list(argv))
+    strays = unknown_flags(argv, known)
+    if strays and not message.startswith("unknown flag"):  # tyro took a path as its value
+        message = f"unknown flag{'s' if len(strays) > 1 else ''} {', '.join(strays)}"
+        near = difflib.get_close_matches(strays[0][2:], [k.replace("_", "-") for k in known], 1)
+        rest = [["Perhaps you meant", f"--{near[0]}"]] if near else []  # as tyro words it
     unknown = re.findall(r"--[\w-]+", message) if message.startswith("unknown flag") else []
     ours = {flag: our for flag in unknown if (our := our_flag(flag, known))}
     if ours:
@@ -188,6 +196,15 @@ def one_line(box: str, argv=(), known=()) -> str:
             if flags:
                 message += f"; did you mean {' or '.join(dict.fromkeys(flags))}?"
     return message.rstrip(".") + " (see --help)."
+
+
+def unknown_flags(argv, known) -> list:
+    """The `--flags` in `argv` that name none of the fields `known` (none when `known` is
+    empty): `--lr PATH` is an unknown flag, though tyro reports the path as missing."""
+    names = {n.replace("_", "-") for n in known} | {"help"}
+    flags = [a.split("=")[0] for a in argv if a.startswith("--")]
+    return [f for f in dict.fromkeys(flags) if known and f[2:] not in names
+            and not (f.startswith("--no-") and f[5:] in names)]
 
 
 def in_plain_words(message: str, argv: list) -> str:
