@@ -9,7 +9,7 @@ PureJaxRL's accelerator settings (`PPO_BRAX_ACCELERATOR` in `common/presets.py`:
 that is its share of `--budget` seconds. At its limit a run gets SIGINT, which saves the last
 whole chunk of updates as Ctrl-C does, so a run that is slower than hoped still reports how
 far it got. The per-update returns of the four seeds then go to
-`OUT/ppo__brax-<task>__gpu.json`, in the format of `benchmarks/learning.py`'s results, which
+`OUT/ppo__brax-<task>.json`, in the format of `benchmarks/learning.py`'s results, which
 `benchmarks/table.py` reads; `train_s` is the wall time from start to stop (compile
 included) and `steps` how many steps each seed trained.
 
@@ -108,7 +108,7 @@ def run_task(env_id: str, flags: list, limit_s: float, seeds: int, out_dir: str)
         "episodic_return": np.round(metrics["episodic_return"], 2).tolist(),
         "final_return": np.round(final_return(metrics["episodic_return"]), 2).tolist(),
     }
-    path = save_record(record, out_dir, f"ppo__{env_id}__gpu")
+    path = save_record(record, out_dir, f"ppo__{env_id}")
     print(f"{env_id}: {record['steps']:,} steps per seed in {wall:.0f} s, final return per "
           f"seed {record['final_return']} -> {path}", flush=True)
     return record

@@ -26,11 +26,12 @@ from common.host.logger import final_return  # noqa: E402
 ENVS = ["CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCarContinuous-v0",
         "Breakout-MinAtar", "SpaceInvaders-MinAtar", "Asterix-MinAtar", "Freeway-MinAtar",
         "MaskedCartPole-v1", "MaskedPendulum-v1", "MemoryChain-bsuite",
-        "brax/inverted_pendulum", "brax/hopper"]
+        "brax/inverted_pendulum", "brax/hopper", "brax/halfcheetah", "brax/ant"]
 ALGOS = ["ppo", "a2c", "impala"]
 
 CLEANRL = "CleanRL `docs/rl-algorithms/ppo.md` (3 seeds, 5e5 steps)"
 GYMNAX = "gymnax README, PPO, 1 seed, 1e7 steps (gymnax-blines configs)"
+MEASURED = "PureJaxRL's `ppo.py` with its MinAtar MLP, measured for this project"
 MINATAR = "MinAtar paper (Young & Tian 2019, arXiv:1903.03176) AC(lambda), 5e6 frames, " \
           "30 runs, read off its plot"
 # Published figures: (who, figure, source). "~" marks a value read off a plot.
@@ -45,13 +46,12 @@ REFERENCES = {
     "MountainCarContinuous-v0": [("gymnax ES", "92", "gymnax README (evolution strategies, "
                                   "~8e8 steps; its PPO log ends at −0.1)")],
     "Breakout-MinAtar": [("gymnax PPO", "28", GYMNAX + "; its stored log ends at 22.9"),
-                         ("PureJaxRL PPO (MLP)", "≈26 at 1e6 steps", "measured for this project"),
+                         ("PureJaxRL PPO (MLP)", "≈26 at 1e6 steps", MEASURED),
                          ("PureJaxRL PPO", "~40", "PureJaxRL `docs/minatar_plot_seconds.png`, "
                           "budget not stated"),
                          ("AC(λ)", "~17.5", MINATAR)],
     "SpaceInvaders-MinAtar": [("gymnax PPO", "131", GYMNAX),
-                              ("PureJaxRL PPO (MLP)", "≈78 at 1e6 steps",
-                               "measured for this project"),
+                              ("PureJaxRL PPO (MLP)", "≈78 at 1e6 steps", MEASURED),
                               ("PureJaxRL PPO (MLP)", "~170", "PureJaxRL "
                                "`examples/brax_minatar.ipynb`, 1 seed, 1e7 steps"),
                               ("AC(λ)", "~185", MINATAR)],

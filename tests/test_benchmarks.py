@@ -108,6 +108,31 @@ def test_every_results_row_has_a_command_that_trains_the_config_it_recorded():
     assert retuned > 0 and checked > 50, (retuned, checked)
 
 
+def test_every_command_line_result_records_a_command_that_builds_its_config(capsys):
+    """The results written from command-line runs (`benchmarks/gpu_brax.py`): the command a
+    file records, parsed as the command line parses it (the presets of today included),
+    builds the config the file records, and its seed count is the file's."""
+    from common.host import flags
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    checked = 0
+    for path in glob.glob(os.path.join(root, "benchmarks", "results", "**", "*__*.json"),
+                          recursive=True):
+        record = json.load(open(path))
+        if not record.get("command", "").startswith("algos/"):
+            continue
+        words = record["command"].split()
+        algo = os.path.basename(words[0])[:-len(".py")]
+        module = importlib.import_module(f"algos.{algo}")
+        config, run = flags.parse(algo, module.Config, words[1:])
+        ran = table.ran_config(record)
+        built = {k: v for k, v in table.as_json(config).items() if k in ran}
+        assert built == {k: ran[k] for k in built}, (path, record["command"])
+        assert run.num_seeds == len(record["episodic_return"]), path
+        checked += 1
+    assert checked >= 4, checked
+
+
 def test_the_benchmarks_read_a_summary_line_without_a_final_return():
     """A run in which no episode ended, or only in some runs, still gives its speed."""
     nan = float("nan")
