@@ -14,26 +14,10 @@ far it got. The per-update returns of the four seeds then go to
 included) and `steps` how many steps each seed trained.
 
 The lent machine (Python 3.12, its own jax, flax, optax, numpy and scipy, no network) lacks
-Brax, MuJoCo and this project's other dependencies. Build them here for its Python, strip what
-a run never loads, and carry them as one archive (ignored by git; about 10 MB, so that the
-working tree and it stay under the tool's 64 MiB):
-
-    pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-      --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
-      --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
-      distrax==0.1.9 gymnax==1.0.1 tyro==1.0.17 tensorboardX==2.6.5 \
-      tfp-nightly==0.26.0.dev20261027 gymnasium==1.3.0 farama-notifications docstring-parser \
-      typeguard dm-tree gast decorator crc32c brax==0.14.2 mujoco==4.0.0 mujoco-core==4.0.0 \
-      mujoco-mjx==3.17.0 jaxopt ml-collections trimesh flask flask-cors itsdangerous blinker
-    pip install --no-deps --only-binary=:all: --python-version 3.12 ... --target site312 .whl/*
-    rm -rf site312/mujoco/mjx/test_data site312/mujoco/doc \
-      site312/tensorflow_probability/substrates/numpy          # tests, docs, the NumPy backend
-    tar -cJf .gpu_site/site312.tar.xz site312
-
-and on the machine unpack it and put it on `PYTHONPATH` (the tasks run with this checkout on
-it too, installed or not). Checked here with Python 3.12 and jax 0.11.2 on the CPU: `--dry-run`
-trains the inverted pendulum to a return near 1,000 from that archive alone. Without Brax the
-script stops at once with one line.
+Brax, MuJoCo and this project's other dependencies: `bash benchmarks/gpu_deps.sh` builds them
+here as one archive to carry (its header says how to unpack it there); the tasks run with this
+checkout on `PYTHONPATH`, installed or not. Without Brax the script stops at once with one
+line.
 """
 
 import argparse

@@ -5,12 +5,9 @@
 #   SOURCE_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_suite.sh   # commit of the copied tree
 # Each step has its own time limit so one slow step cannot eat the others' time.
 # The lent machine (Python 3.12, its own jax 0.11.2, flax, optax, chex) has no network and lacks
-# the other dependencies; build them here as pure files and carry them (`.gpu_deps` is ignored):
-#   pip install --target .gpu_deps --no-deps --python-version 3.12 --only-binary=:all: \
-#     --platform manylinux2014_x86_64 distrax==0.1.9 gymnax==1.0.1 tyro==1.0.17 \
-#     tensorboardX==2.6.5 tfp-nightly==0.26.0.dev20261027 gymnasium==1.3.0 farama-notifications \
-#     docstring-parser typeguard dm-tree wrapt attrs gast decorator cloudpickle protobuf six
-#   then on the machine: PYTHONPATH=$PWD/.gpu_deps SOURCE_COMMIT=... bash benchmarks/gpu_suite.sh
+# the other dependencies: `bash benchmarks/gpu_deps.sh` builds them here as one archive; carry
+# `.gpu_site` and begin the device command with
+#   mkdir -p /tmp/s && tar -xJf .gpu_site/site312.tar.xz -C /tmp/s && export PYTHONPATH=/tmp/s/site312
 set -u
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT/results"
