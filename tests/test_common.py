@@ -354,6 +354,21 @@ def test_unrolled_threefry_gives_the_same_bits_without_a_loop():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_threefry_stays_looped_on_a_jax_release_it_was_not_measured_on(monkeypatch):
+    """jax 0.11.2 compiled a vmapped `train` for minutes with the straight-line lowering: on
+    a release outside `MEASURED_ON` the opt-in declines and JAX's loop stays."""
+    from common.host import prng
+
+    prng.unroll_threefry_on_cpu(False)
+    monkeypatch.setattr(jax, "__version__", "0.11.2")
+    try:
+        assert not prng.unroll_threefry_on_cpu(True)
+        text = jax.jit(lambda k: jax.random.split(k, 3)).lower(jax.random.PRNGKey(1)).as_text()
+    finally:
+        prng.unroll_threefry_on_cpu(False)
+    assert "while" in text
+
+
 def test_packed_scan_equals_lax_scan_on_mixed_dtypes_and_packing_round_trips():
     from common.scan import packed_scan, packing
 
