@@ -61,9 +61,9 @@ def run_task(env_id: str, flags: list, limit_s: float, seeds: int, out_dir: str)
                "--log-dir", log_dir]
     print("===", " ".join(command), f"(limit {limit_s:.0f} s)", flush=True)
     start = time.perf_counter()
-    path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+    pythonpath = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
     run = subprocess.Popen([sys.executable, *command], cwd=ROOT,  # installed or not
-                           env={**os.environ, "PYTHONPATH": path})
+                           env={**os.environ, "PYTHONPATH": pythonpath})
     try:
         run.wait(timeout=limit_s)
     except subprocess.TimeoutExpired:

@@ -108,7 +108,7 @@ def test_every_results_row_has_a_command_that_trains_the_config_it_recorded():
     assert retuned > 0 and checked > 50, (retuned, checked)
 
 
-def test_every_command_line_result_records_a_command_that_builds_its_config(capsys):
+def test_every_command_line_result_records_a_command_that_builds_its_config():
     """The results written from command-line runs (`benchmarks/gpu_brax.py`): the command a
     file records, parsed as the command line parses it (the presets of today included),
     builds the config the file records, and its seed count is the file's."""

@@ -178,32 +178,32 @@ def one_line(box: str, argv=(), known=()) -> str:
                                                                   "Argument helptext",
                                                                   "Perhaps you meant"))]
     message = in_plain_words(body[0] if body else title, list(argv))
+    suggested = [w.rstrip(",") for sec in rest if sec[0].startswith("Perhaps you meant")
+                 for line in sec[1:] for w in line.split()[:1] if w.startswith("-")]
     strays = unknown_flags(argv, known)
     if strays and not message.startswith("unknown flag"):  # tyro took a path as its value
         message = f"unknown flag{'s' if len(strays) > 1 else ''} {', '.join(strays)}"
-        near = difflib.get_close_matches(strays[0][2:], [k.replace("_", "-") for k in known], 1)
-        rest = [["Perhaps you meant", f"--{near[0]}"]] if near else []  # as tyro words it
+        names = [k.replace("_", "-") for k in known]
+        suggested = [f"--{n}" for n in difflib.get_close_matches(strays[0][2:], names, 1)]
     unknown = re.findall(r"--[\w-]+", message) if message.startswith("unknown flag") else []
     ours = {flag: our for flag in unknown if (our := our_flag(flag, known))}
     if ours:
         return message + "; did you mean " + (
             next(iter(ours.values())) if len(unknown) == 1 else
             ", ".join(f"{our} for {flag}" for flag, our in ours.items())) + "? (see --help)."
-    for sec in rest:
-        if sec[0].startswith("Perhaps you meant"):
-            flags = [w.rstrip(",") for line in sec[1:] for w in line.split()[:1]
-                     if w.startswith("-")]
-            if flags:
-                message += f"; did you mean {' or '.join(dict.fromkeys(flags))}?"
+    if suggested:
+        message += f"; did you mean {' or '.join(dict.fromkeys(suggested))}?"
     return message.rstrip(".") + " (see --help)."
 
 
 def unknown_flags(argv, known) -> list:
     """The `--flags` in `argv` that name none of the fields `known` (none when `known` is
     empty): `--lr PATH` is an unknown flag, though tyro reports the path as missing."""
+    if not known:
+        return []
     names = {n.replace("_", "-") for n in known} | {"help"}
-    flags = [a.split("=")[0] for a in argv if a.startswith("--")]
-    return [f for f in dict.fromkeys(flags) if known and f[2:] not in names
+    flags = dict.fromkeys(a.split("=")[0] for a in argv if a.startswith("--"))
+    return [f for f in flags if f[2:] not in names
             and not (f.startswith("--no-") and f[5:] in names)]
 
 
