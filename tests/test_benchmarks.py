@@ -71,14 +71,20 @@ def test_set_total_timesteps_is_the_step_budget():
     assert check_overrides("ppo", Config, {"num_envs": 4}, 1024) == 1024
 
 
+def results_files() -> list:
+    """Every committed results file of the table: `benchmarks/results/` and its `gpu/`."""
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "benchmarks", "results")
+    return glob.glob(os.path.join(root, "*__*.json")) + \
+        glob.glob(os.path.join(root, "gpu", "*__*.json"))
+
+
 def test_every_results_row_has_a_command_that_trains_the_config_it_recorded():
     """The results table's command of every committed learning result, read back by
     `learning.py`'s parser, builds the config the file records (under today's field names),
     however the presets have been retuned since; and it writes to the same file name. At least
     one file ran settings that today's presets no longer give, so the `--set` is exercised."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    files = glob.glob(os.path.join(root, "benchmarks", "results", "*__*.json")) + \
-        glob.glob(os.path.join(root, "benchmarks", "results", "gpu", "*__*.json"))
+    files = results_files()
 
     def config_of(words):
         args, overrides, budget = table.read_command(words)
@@ -114,10 +120,8 @@ def test_every_command_line_result_records_a_command_that_builds_its_config():
     builds the config the file records, and its seed count is the file's."""
     from common.host import flags
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     checked = 0
-    for path in glob.glob(os.path.join(root, "benchmarks", "results", "**", "*__*.json"),
-                          recursive=True):
+    for path in results_files():
         record = json.load(open(path))
         if not record.get("command", "").startswith("algos/"):
             continue

@@ -147,12 +147,21 @@ order of preference) it is here: `--lr` is `--learning-rate`, not tyro's closest
 `--anneal-lr`."""
 
 
+def field_of(flag: str) -> str:
+    """The field a flag names: `clip_coef` for `--clip-coef` (or `--clip-coef=0.2`)."""
+    return flag.split("=")[0].lstrip("-").replace("-", "_")
+
+
+def flag_of(field: str) -> str:
+    """The flag of a field: `--clip-coef` for `clip_coef`."""
+    return "--" + field.replace("_", "-")
+
+
 def our_flag(flag: str, known) -> str | None:
     """The flag this command line has for `flag` as `OTHER_NAMES` knows it (`known`: this
     command's field names), or None."""
-    name = flag.split("=")[0].lstrip("-").lower().replace("-", "_")
-    return next((f"--{n.replace('_', '-')}" for n in OTHER_NAMES.get(name, ()) if n in known),
-                None)
+    name = field_of(flag).lower()
+    return next((flag_of(n) for n in OTHER_NAMES.get(name, ()) if n in known), None)
 
 
 def one_line(box: str, argv=(), known=()) -> str:
@@ -183,8 +192,8 @@ def one_line(box: str, argv=(), known=()) -> str:
     strays = unknown_flags(argv, known)
     if strays and not message.startswith("unknown flag"):  # tyro took a path as its value
         message = f"unknown flag{'s' if len(strays) > 1 else ''} {', '.join(strays)}"
-        names = [k.replace("_", "-") for k in known]
-        suggested = [f"--{n}" for n in difflib.get_close_matches(strays[0][2:], names, 1)]
+        suggested = [flag_of(n) for n in difflib.get_close_matches(field_of(strays[0]),
+                                                                   list(known), 1)]
     unknown = re.findall(r"--[\w-]+", message) if message.startswith("unknown flag") else []
     ours = {flag: our for flag in unknown if (our := our_flag(flag, known))}
     if ours:
@@ -201,10 +210,10 @@ def unknown_flags(argv, known) -> list:
     empty): `--lr PATH` is an unknown flag, though tyro reports the path as missing."""
     if not known:
         return []
-    names = {n.replace("_", "-") for n in known} | {"help"}
+    names = {*known, "help"}
     flags = dict.fromkeys(a.split("=")[0] for a in argv if a.startswith("--"))
-    return [f for f in flags if f[2:] not in names
-            and not (f.startswith("--no-") and f[5:] in names)]
+    return [f for f in flags if field_of(f) not in names
+            and not (f.startswith("--no-") and field_of(f[5:]) in names)]
 
 
 def in_plain_words(message: str, argv: list) -> str:
