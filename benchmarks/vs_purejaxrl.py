@@ -19,7 +19,8 @@ returns so that speed is not bought with learning. Saves the raw timings as JSON
 
 Ours runs as our command line does, with the Threefry lowering it selects on CPU
 (`common/host/prng.py`). PureJaxRL runs as shipped (JAX's default lowerings), and once more
-compiled with that lowering, so the output also shows how much of the ratio that one switch is.
+compiled with that lowering, so the output also shows how much of the ratio that one switch is
+(on a CPU; elsewhere the lowering changes nothing and that run is left out).
 
 `--brax NAME` compares PPO on `brax/NAME` with PureJaxRL's `ppo_continuous_action.py` (Brax's
 positional pipeline for both, PureJaxRL's default): its network (256x256 tanh MLPs, a
@@ -173,7 +174,9 @@ def main():
         "ours": (make_train(config), True),
         "purejaxrl": (reference.make_train(ref_config), False),
     }
-    if not args.brax:  # a Brax step dwarfs the random draws this lowering speeds up
+    # A Brax step dwarfs the random draws this lowering speeds up, and off the CPU it is the
+    # same program as PureJaxRL's (the lowering is registered for the CPU only).
+    if not args.brax and jax.default_backend() == "cpu":
         runners["purejaxrl+unrolled"] = (reference.make_train(ref_config), True)
     compiled, compile_s = {}, {}
     for name, (train, unrolled) in runners.items():
@@ -212,6 +215,7 @@ def main():
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     with open(args.out, "w") as f:
         json.dump({"command": " ".join(sys.argv), "commit": source_commit(), "jax": jax.__version__,
+                   "device": jax.devices()[0].device_kind,
                    "threads": args.threads or "default", "cpus": cpus,
                    "recurrent": args.recurrent, "brax": args.brax,
                    "seeds": args.seeds, "sps": sps, "compile_s": compile_s,
