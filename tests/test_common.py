@@ -1,5 +1,6 @@
 """`common/`: observation normalisation, the rollout's truncation handling, pmean, init."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -283,6 +284,30 @@ def test_dense_equals_flax_dense_in_value_and_gradients(shape):
         np.testing.assert_allclose(batched["params"]["kernel"][i], expected["params"]["kernel"],
                                    rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(matmul(x, kernel), np.asarray(x) @ kernel, rtol=1e-6, atol=1e-6)
+
+
+def test_dense_kept_transpose_is_a_copy_for_one_run_and_folds_into_the_product_under_vmap():
+    """`kept_transpose(x) = x.T`, also vmapped and nested; one run keeps it as an array (an
+    optimisation barrier), vmapped over seeds it is a plain transpose, so that the weight
+    gradient is one batched product; Dense's gradients with inputs batched too equal flax's."""
+    import flax.linen as nn
+    from common.nn import Dense, kept_transpose
+
+    xs = np.random.default_rng(0).normal(size=(2, 3, 5, 4)).astype(np.float32)
+    np.testing.assert_array_equal(kept_transpose(xs[0, 0]), xs[0, 0].T)
+    np.testing.assert_array_equal(jax.vmap(kept_transpose)(xs[0]), xs[0].transpose(0, 2, 1))
+    np.testing.assert_array_equal(jax.vmap(jax.vmap(kept_transpose))(xs),
+                                  xs.transpose(0, 1, 3, 2))
+    assert "optimization_barrier" in str(jax.make_jaxpr(kept_transpose)(xs[0, 0]))
+    assert "optimization_barrier" not in str(jax.make_jaxpr(jax.vmap(kept_transpose))(xs[0]))
+
+    def grads(module, p, x):
+        return jax.grad(lambda p: jnp.sum(jnp.sin(module.apply(p, x))))(p)
+
+    params = jax.vmap(nn.Dense(6).init)(jax.random.split(jax.random.PRNGKey(0), 3), xs[0])
+    ours = jax.jit(jax.vmap(functools.partial(grads, Dense(6))))(params, xs[0])
+    flax = jax.vmap(functools.partial(grads, nn.Dense(6)))(params, xs[0])
+    jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-5), ours, flax)
 
 
 # ------------------------------------------------------------------ PPO's minibatch shuffle
