@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One prepared pass of the speed comparisons on a GPU machine (used with the project's lent
-# H200), sized for about 8 minutes in two parts: our PPO against PureJaxRL on the same configs, and the
-# command line against the program it compiles. Everything it prints is also saved, with the
-# raw JSON results, in $OUT (or ./gpu_out).
+# The speed comparisons on a GPU machine (used with the project's lent H200), in two parts to
+# run as two calls: `vs`, our PPO against PureJaxRL on the same configs (its steps' limits add
+# up to 9 minutes), and `cli`, the command line against the program it compiles (5 minutes).
+# Everything it prints is also saved, with the raw JSON results, in $OUT (or ./gpu_out).
 #
 #   PUREJAXRL=/path/to/purejaxrl/purejaxrl SOURCE_COMMIT=$(git rev-parse --short HEAD) \
 #       bash benchmarks/gpu_speed.sh
@@ -29,7 +29,7 @@ step() {  # step SECONDS command...
 if [ "${DRY:-0}" = 1 ]; then  # tiny budgets: every step runs, nothing it prints is a figure
   T1=20000 T128=4096 TB=20480 TR=20000 SEEDS=4 R=1 TC=20000
 else
-  T1=500000 T128=500000 TB=5000000 TR=500000 SEEDS=128 R=3 TC=500000
+  T1=500000 T128=500000 TB=2000000 TR=100000 SEEDS=128 R=3 TC=500000
 fi
 V="python3 benchmarks/vs_purejaxrl.py --reference $PUREJAXRL"
 PARTS=${*:-vs cli}
@@ -40,8 +40,8 @@ if [[ " $PARTS " == *" vs "* ]]; then
   # PPO against PureJaxRL: CartPole with one seed and with many, Brax Hopper, recurrent PPO.
   step 90 $V --total-timesteps $T1 --repeats $R --out "$OUT/results/vs_purejaxrl.json"
   step 100 $V --seeds $SEEDS --total-timesteps $T128 --repeats $R --out "$OUT/results/vs_purejaxrl__seeds$SEEDS.json"
-  step 140 $V --brax hopper --seeds 4 --total-timesteps $TB --repeats $R --out "$OUT/results/vs_purejaxrl_brax-hopper.json"
-  step 90 $V --recurrent --total-timesteps $TR --repeats $R --out "$OUT/results/vs_purejaxrl_rnn.json"
+  step 240 $V --brax hopper --seeds 4 --total-timesteps $TB --repeats $R --out "$OUT/results/vs_purejaxrl_brax-hopper.json"
+  step 150 $V --recurrent --total-timesteps $TR --repeats $R --out "$OUT/results/vs_purejaxrl_rnn.json"
 fi
 if [[ " $PARTS " == *" cli "* ]]; then
   # The command line against jit(vmap(train)) on the same device (a checkpoint after every

@@ -184,16 +184,18 @@ def main():
         start = time.perf_counter()
         compiled[name] = jax.jit(jax.vmap(train)).lower(keys).compile()
         compile_s[name] = time.perf_counter() - start
+        print(f"compiled {name} in {compile_s[name]:.1f}s", flush=True)
     unroll_threefry_on_cpu(True)
 
     steps = config.num_updates * config.batch_size * args.seeds
     sps = {name: [] for name in runners}
     returns = {}
-    for _ in range(args.repeats):
+    for i in range(args.repeats):
         for name, fn in compiled.items():
             start = time.perf_counter()
             out = jax.block_until_ready(fn(keys))
             sps[name].append(steps / (time.perf_counter() - start))
+            print(f"run {i + 1}/{args.repeats} {name}: {sps[name][-1]:,.0f} SPS", flush=True)
             if name == "ours":
                 returns[name] = final_return(out[1]["episodic_return"])
             else:
