@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The speed comparisons on a GPU machine (used with the project's lent H200), in two parts to
 # run as two calls: `vs`, our PPO against PureJaxRL on the same configs (its steps' limits add
-# up to 9 minutes), and `cli`, the command line against the program it compiles (5 minutes).
+# up to nearly 10 minutes), and `cli`, the command line against the program it compiles (5 minutes).
 # Everything it prints is also saved, with the raw JSON results, in $OUT (or ./gpu_out).
 #
 #   PUREJAXRL=/path/to/purejaxrl/purejaxrl SOURCE_COMMIT=$(git rev-parse --short HEAD) \
@@ -15,23 +15,13 @@
 # device command with
 #   mkdir -p /tmp/s && tar -xJf .gpu_site/site312.tar.xz -C /tmp/s && export PYTHONPATH=$PWD:/tmp/s/site312
 # ($PWD, the checkout, so that the command lines the benchmarks start import `common`).
-# Each step has its own time limit so one slow step cannot eat the others' time.
-set -u
-OUT=${OUT:-gpu_out}
-mkdir -p "$OUT/results"
-export PYTHONUNBUFFERED=1
-log() { echo "=== $*" | tee -a "$OUT/log.txt"; }
-step() {  # step SECONDS command...
-  local limit=$1; shift
-  log "$*"
-  timeout -k 5 "$limit" "$@" 2>&1 | grep -v -E "WARNING|warn\(|cuda_timer" | tee -a "$OUT/log.txt"
-}
+source "$(dirname "$0")/gpu_steps.sh"
 if [ "${DRY:-0}" = 1 ]; then  # tiny budgets: every step runs, nothing it prints is a figure
   T1=20000 T128=4096 TB=20480 TR=20000 SEEDS=4 R=1 TC=20000
 else
   T1=500000 T128=500000 TB=2000000 TR=100000 SEEDS=128 R=3 TC=500000
 fi
-V="python3 benchmarks/vs_purejaxrl.py --reference $PUREJAXRL"
+V="python3 benchmarks/vs_purejaxrl.py --reference ${PUREJAXRL:-}"
 PARTS=${*:-vs cli}
 step 30 nvidia-smi -L
 step 60 python3 -c "import jax, flax, optax, distrax, gymnax; print('jax', jax.__version__, jax.devices())"

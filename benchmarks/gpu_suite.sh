@@ -3,21 +3,11 @@
 # sized for a 15-minute device budget: the CNN rows of the learning table and the PPO speed rows.
 # Everything it prints is also saved, with the raw JSON results, in $OUT (or ./gpu_out).
 #   SOURCE_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_suite.sh   # commit of the copied tree
-# Each step has its own time limit so one slow step cannot eat the others' time.
 # The lent machine (Python 3.12, its own jax 0.11.2, flax, optax, chex) has no network and lacks
 # the other dependencies: `bash benchmarks/gpu_deps.sh` builds them here as one archive; carry
 # `.gpu_site` and begin the device command with
 #   mkdir -p /tmp/s && tar -xJf .gpu_site/site312.tar.xz -C /tmp/s && export PYTHONPATH=/tmp/s/site312
-set -u
-OUT=${OUT:-gpu_out}
-mkdir -p "$OUT/results"
-export PYTHONUNBUFFERED=1
-log() { echo "=== $*" | tee -a "$OUT/log.txt"; }
-step() {  # step SECONDS command...
-  local limit=$1; shift
-  log "$*"
-  timeout -k 5 "$limit" "$@" 2>&1 | grep -v -E "WARNING|warn\(|cuda_timer" | tee -a "$OUT/log.txt"
-}
+source "$(dirname "$0")/gpu_steps.sh"
 L="python3 benchmarks/learning.py --seeds 8 --total-timesteps 5000000 --out-dir $OUT/results"
 step 30 nvidia-smi -L
 step 60 python3 -c "import jax, flax, optax, distrax, gymnax; print('jax', jax.__version__, jax.devices())"
