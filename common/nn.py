@@ -76,7 +76,7 @@ def _kept_transpose_vmapped(axis_size, in_batched, x):
 def _matmul_bwd(residuals, g):
     x, kernel = residuals
     rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731  [..., n] -> [batch, n]
-    x_transposed = kept_transpose(rows(x))  # first: XLA:CPU runs the kernels in this order
+    x_transposed = kept_transpose(rows(x))  # first, as ever: XLA:CPU runs kernels in order
     return g @ kernel.T, x_transposed @ rows(g)
 
 
