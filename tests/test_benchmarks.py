@@ -4,6 +4,7 @@ import glob
 import importlib
 import json
 import os
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -147,3 +148,23 @@ def test_the_benchmarks_read_a_summary_line_without_a_final_return():
         figures = summary_figures(line)
         assert figures["sps"] == 31883 and figures["train"] == 0.1, figures
         np.testing.assert_equal(figures["mean"], mean)
+
+
+def test_vs_revision_imports_the_other_tree_inside_the_block_and_this_one_after(tmp_path):
+    """`vs_revision.other_tree`: inside, `algos`/`common` come from the extracted revision;
+    after, the very modules of this checkout are back and none of the revision's is left."""
+    from benchmarks import vs_revision
+
+    import algos.ppo as ours_before
+    import common.gae as gae_before
+
+    commit = vs_revision.extract("HEAD", str(tmp_path))
+    assert len(commit) == 40 and (tmp_path / "algos" / "ppo.py").is_file()
+    with vs_revision.other_tree(str(tmp_path)):
+        theirs = importlib.import_module("algos.ppo")
+        assert theirs is not ours_before
+        assert theirs.__file__.startswith(str(tmp_path))
+        assert importlib.import_module("common.gae").__file__.startswith(str(tmp_path))
+    assert sys.modules["algos.ppo"] is ours_before and sys.modules["common.gae"] is gae_before
+    assert not [m for m in sys.modules.values()
+                if str(tmp_path) in (getattr(m, "__file__", None) or "")]
