@@ -46,7 +46,7 @@ from common.evaluate import evaluate
 from common.host import checkpoint, logger
 from common.host.devices import (Layout, differing_processes, fail, fetch, from_process_0,
                                  peers_alive, same_everywhere, setup_devices)
-from common.host.flags import parse
+from common.host.flags import flag_of, parse
 from common.host.options import RESUME_MUST_MATCH, RunOptions
 
 NAN_BY_DESIGN = ("episodic_return", "episodic_length", "explained_variance", "eval_return")
@@ -282,7 +282,7 @@ def shrinkable(config) -> str:
     """The flags that set the size of a run's state and batch, for `config`'s algorithm."""
     names = [n for n in ("num_envs", "num_steps", "hidden_size", "actor_lag")
              if hasattr(config, n)]
-    return "--num-seeds, " + ", ".join("--" + n.replace("_", "-") for n in names)
+    return ", ".join(flag_of(n) for n in ("num_seeds", *names))
 
 
 @contextlib.contextmanager
