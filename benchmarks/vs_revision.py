@@ -11,12 +11,14 @@ alternation (this checkout, the revision, this checkout, ...) so that machine no
 alike. Both run with the Threefry lowering the command line selects on a CPU
 (`common/host/prng.py`). Prints compile times, the median SPS of each, the ratio of the
 medians and the final returns, plus whether the two StableHLO programs are byte-identical
-(then the ratio measures only noise). Saves the raw timings as JSON with this checkout's
-commit (and whether its `algos/` or `common/` differ from it) and the revision's.
+(then the ratio measures only noise) and which `Config` fields the two revisions' defaults
+set differently (then it is not the same config). Saves the raw timings as JSON with this
+checkout's commit (and whether its `algos/` or `common/` differ from it) and the revision's.
 """
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import importlib
 import json
@@ -66,7 +68,7 @@ def extract(rev: str, into: str) -> str:
     commit = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT,
                             capture_output=True, text=True)
     if commit.returncode != 0:
-        sys.exit(f"error: --rev {rev!r} is not a commit of this repository")
+        raise ValueError(f"--rev {rev!r} is not a commit of this repository")
     archive = subprocess.run(["git", "archive", commit.stdout.strip(), *PACKAGES], cwd=ROOT,
                              capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", into], input=archive.stdout, check=True)
@@ -111,11 +113,20 @@ def main():
               flush=True)
 
     with tempfile.TemporaryDirectory(prefix="vs-revision-") as tmp:
-        rev_commit = extract(args.rev, tmp)  # first: a bad --rev stops before compiling
+        try:  # first: a bad --rev stops before anything compiles
+            rev_commit = extract(args.rev, tmp)
+        except ValueError as error:
+            parser.error(str(error))
         add("this checkout")
         with other_tree(tmp):
             add(f"rev {rev_commit[:10]}")
 
+    mine, theirs = list(runners)
+    fields = [dataclasses.asdict(runners[name][1]) for name in (mine, theirs)]
+    differ = sorted(k for k in fields[0].keys() | fields[1].keys()
+                    if fields[0].get(k, "absent") != fields[1].get(k, "absent"))
+    if differ:  # each revision's own defaults: not the same config
+        print(f"note: the two Configs differ in {', '.join(differ)}", flush=True)
     sizes = {name: c.num_updates * c.batch_size * args.seeds for name, (_, c) in runners.items()}
     sps, returns = {name: [] for name in runners}, {}
     for i in range(args.repeats):
@@ -127,7 +138,6 @@ def main():
             print(f"run {i + 1}/{args.repeats} {name}: {sps[name][-1]:,.0f} SPS", flush=True)
 
     median = {name: statistics.median(v) for name, v in sps.items()}
-    mine, theirs = list(runners)
     identical = program[mine] == program[theirs]
     print(f"\n{args.algo} {args.env_id}, {args.seeds} seed(s) x {args.total_timesteps:,} steps, "
           f"medians of {args.repeats}:")
@@ -138,10 +148,12 @@ def main():
           + (" (the two programs are byte-identical: this is noise)" if identical else ""))
     modified = subprocess.run(["git", "status", "--porcelain", *PACKAGES], cwd=ROOT,
                               capture_output=True, text=True).stdout.strip() != ""
-    record = dict(commit=source_commit(), checkout_modified=modified, rev=args.rev, rev_commit=rev_commit, algo=args.algo,
-                  env_id=args.env_id, seeds=args.seeds, total_timesteps=args.total_timesteps,
-                  repeats=args.repeats, cpus=os.cpu_count(), device=str(jax.devices()[0]),
-                  identical_programs=identical, ratio=median[mine] / median[theirs],
+    record = dict(commit=source_commit(), checkout_modified=modified, rev=args.rev,
+                  rev_commit=rev_commit, algo=args.algo, env_id=args.env_id, seeds=args.seeds,
+                  total_timesteps=args.total_timesteps, repeats=args.repeats,
+                  cpus=os.cpu_count(), device=str(jax.devices()[0]),
+                  identical_programs=identical, config_fields_differing=differ,
+                  ratio=median[mine] / median[theirs],
                   runs={name: dict(sps=sps[name], median_sps=median[name],
                                    compile_s=compile_s[name], stablehlo=program[name],
                                    final_return=float(returns[name].mean()))
