@@ -2,18 +2,20 @@
 
     python benchmarks/vs_revision.py --rev HEAD~3 --algo ppo --seeds 8 --repeats 7
     taskset -c 1 python benchmarks/vs_revision.py --rev main --seeds 32 --total-timesteps 50000
+    python benchmarks/vs_revision.py --rev HEAD~1 --set network=gru --set hidden_size=128
 
-"Measure before and after, side by side, in one sitting": the revision's `algos/` and
-`common/` are extracted with `git archive` into a temporary folder, and both versions of
-`make_train(Config(env_id=..., total_timesteps=...))` (each revision's own `Config` defaults)
-are compiled in this one process as `jit(vmap(train))` over the same keys, then timed in
-alternation (this checkout, the revision, this checkout, ...) so that machine noise hits both
-alike. Both run with the Threefry lowering the command line selects on a CPU
-(`common/host/prng.py`). Prints compile times, the median SPS of each, the ratio of the
-medians and the final returns, plus whether the two StableHLO programs are byte-identical
-(then the ratio measures only noise) and which `Config` fields the two revisions' defaults
-set differently (then it is not the same config). Saves the raw timings as JSON with this
-checkout's commit (and whether its `algos/` or `common/` differ from it) and the revision's.
+"Measure before and after, side by side, in one sitting": the revision's `algos/` and `common/`
+are extracted with `git archive` into a temporary folder, and both versions of
+`make_train(Config(env_id=..., total_timesteps=..., **overrides))` (`--set`; each revision's
+own `Config` defaults otherwise, no presets) are compiled in this one process as
+`jit(vmap(train))` over the same keys, run once each untimed, then timed in alternation (this
+checkout, the revision, this checkout, ...) so that machine noise hits both alike. Both run
+with the Threefry lowering the command line selects on a CPU (`common/host/prng.py`). Prints
+compile times, the median SPS of each, the ratio of the medians and the final returns, plus
+whether the two StableHLO programs are byte-identical (then the ratio measures only noise) and
+which `Config` fields the two revisions' defaults set differently (then it is not the same
+config). Saves the raw timings as JSON with this checkout's commit (and whether its `algos/` or
+`common/` differ from it) and the revision's.
 """
 
 import argparse
@@ -33,7 +35,7 @@ import jax
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from benchmarks.configs import source_commit  # noqa: E402
+from benchmarks.configs import check_overrides, parse_overrides, source_commit  # noqa: E402
 from common.host.logger import final_return  # noqa: E402
 from common.host.options import whole_number  # noqa: E402
 from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
@@ -75,10 +77,10 @@ def extract(rev: str, into: str) -> str:
     return commit.stdout.strip()
 
 
-def build(algo: str, env_id: str, total_timesteps: int):
+def build(algo: str, env_id: str, total_timesteps: int, overrides: dict):
     """`(train, config)` of `algos.<algo>` as currently importable."""
     module = importlib.import_module(f"algos.{algo}")
-    config = module.Config(env_id=env_id, total_timesteps=total_timesteps)
+    config = module.Config(env_id=env_id, total_timesteps=total_timesteps, **overrides)
     return module.make_train(config), config
 
 
@@ -88,13 +90,21 @@ def main():
     parser.add_argument("--algo", choices=("ppo", "a2c", "impala"), default="ppo")
     parser.add_argument("--env-id", default="CartPole-v1")
     parser.add_argument("--seeds", type=int, default=1)
-    parser.add_argument("--total-timesteps", type=whole_number, default=100_000)
+    parser.add_argument("--total-timesteps", type=whole_number, default=None,
+                        help="steps per seed (default 100000)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a Config field for both revisions (repeatable)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=None,
                         help="default: benchmarks/results/vs_revision__ALGO__seedsN.json")
     args = parser.parse_args()
     if args.seeds < 1 or args.repeats < 1:
         parser.error("--seeds and --repeats must be at least 1")
+    overrides = parse_overrides(args.set)
+    total = check_overrides(args.algo, importlib.import_module(f"algos.{args.algo}").Config,
+                            overrides,
+                            args.total_timesteps)
+    args.total_timesteps = 100_000 if total is None else total
     out = args.out or f"benchmarks/results/vs_revision__{args.algo}__seeds{args.seeds}.json"
 
     unroll_threefry_on_cpu()  # process-wide: both versions compile with it
@@ -102,7 +112,7 @@ def main():
     runners, compiled, compile_s, program = {}, {}, {}, {}
 
     def add(name):  # traced and compiled while `name`'s tree is the one imported
-        runners[name] = build(args.algo, args.env_id, args.total_timesteps)
+        runners[name] = build(args.algo, args.env_id, args.total_timesteps, overrides)
         train = runners[name][0]
         start = time.perf_counter()
         lowered = jax.jit(jax.vmap(train)).lower(keys)
@@ -119,7 +129,10 @@ def main():
             parser.error(str(error))
         add("this checkout")
         with other_tree(tmp):
-            add(f"rev {rev_commit[:10]}")
+            try:
+                add(f"rev {rev_commit[:10]}")
+            except TypeError as error:  # a --set field that the revision's Config lacks
+                parser.error(f"the revision's Config: {error}")
 
     mine, theirs = list(runners)
     fields = [dataclasses.asdict(runners[name][1]) for name in (mine, theirs)]
@@ -128,6 +141,8 @@ def main():
     if differ:  # each revision's own defaults: not the same config
         print(f"note: the two Configs differ in {', '.join(differ)}", flush=True)
     sizes = {name: c.num_updates * c.batch_size * args.seeds for name, (_, c) in runners.items()}
+    for fn in compiled.values():  # untimed: a program's first call pays for first touches
+        jax.block_until_ready(fn(keys))
     sps, returns = {name: [] for name in runners}, {}
     for i in range(args.repeats):
         for name, fn in compiled.items():
@@ -149,7 +164,8 @@ def main():
     modified = subprocess.run(["git", "status", "--porcelain", *PACKAGES], cwd=ROOT,
                               capture_output=True, text=True).stdout.strip() != ""
     record = dict(commit=source_commit(), checkout_modified=modified, rev=args.rev,
-                  rev_commit=rev_commit, algo=args.algo, env_id=args.env_id, seeds=args.seeds,
+                  rev_commit=rev_commit, algo=args.algo, env_id=args.env_id, overrides=overrides,
+                  seeds=args.seeds,
                   total_timesteps=args.total_timesteps, repeats=args.repeats,
                   cpus=os.cpu_count(), device=str(jax.devices()[0]),
                   identical_programs=identical, config_fields_differing=differ,
