@@ -7,7 +7,8 @@ budget included. Anything not listed is the algorithm file's default.
 `VARIANTS` are named sets of overrides applied on top (`benchmarks/learning.py --variant
 NAME`, results saved as `{algo}__{env_id}__{NAME}.json`).
 
-`source_commit()` is the commit every saved result records.
+`source_commit()` is the commit every saved result records; `time_in_alternation` times
+compiled programs side by side for the comparison scripts.
 """
 
 import ast
@@ -16,6 +17,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from importlib import metadata
 
 from common.presets import MINATAR, PRESETS as CONFIGS  # noqa: F401  (one place for both)
@@ -119,3 +121,23 @@ def summary_figures(stdout: str) -> dict:
         raise RuntimeError(f"no summary line in:\n{stdout[-2000:]}")
     return {k: float(match[k].replace(",", "")) if match[k] else float("nan")
             for k in ("mean", "min", "compile", "train", "sps")}
+
+
+def time_in_alternation(compiled: dict, args: tuple, steps: dict, repeats: int):
+    """`(sps, outputs)` of compiled programs `{name: fn}` called on `args`: each is called
+    once untimed (a program's first call pays for first touches of its memory), then `repeats`
+    rounds call each in turn, so that machine noise hits all alike. `sps[name]` lists the
+    rounds' `steps[name] / seconds`; `outputs[name]` is the last round's output. Prints each
+    run as it finishes."""
+    import jax
+
+    for fn in compiled.values():
+        jax.block_until_ready(fn(*args))
+    sps, outputs = {name: [] for name in compiled}, {}
+    for i in range(repeats):
+        for name, fn in compiled.items():
+            start = time.perf_counter()
+            outputs[name] = jax.block_until_ready(fn(*args))
+            sps[name].append(steps[name] / (time.perf_counter() - start))
+            print(f"run {i + 1}/{repeats} {name}: {sps[name][-1]:,.0f} SPS", flush=True)
+    return sps, outputs

@@ -65,7 +65,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from algos.ppo import Config, make_train  # noqa: E402
-from benchmarks.configs import source_commit  # noqa: E402
+from benchmarks.configs import source_commit, time_in_alternation  # noqa: E402
 from common.host.logger import final_return  # noqa: E402
 from common.host.options import whole_number  # noqa: E402
 from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
@@ -188,24 +188,19 @@ def main():
         print(f"compiled {name} in {compile_s[name]:.1f}s", flush=True)
     unroll_threefry_on_cpu(True)
 
-    for fn in compiled.values():  # untimed: a program's first call pays for first touches
-        jax.block_until_ready(fn(keys))
     steps = config.num_updates * config.batch_size * args.seeds
-    sps = {name: [] for name in runners}
+    sps, outputs = time_in_alternation(compiled, (keys,), dict.fromkeys(compiled, steps),
+                                       args.repeats)
     returns = {}
-    for i in range(args.repeats):
-        for name, fn in compiled.items():
-            start = time.perf_counter()
-            out = jax.block_until_ready(fn(keys))
-            sps[name].append(steps / (time.perf_counter() - start))
-            print(f"run {i + 1}/{args.repeats} {name}: {sps[name][-1]:,.0f} SPS", flush=True)
-            if name == "ours":
-                returns[name] = final_return(out[1]["episodic_return"])
-            else:
-                info = out["metric" if args.recurrent else "metrics"]
-                per_update = np.nansum(np.where(info["returned_episode"], info["returned_episode_returns"], 0), axis=(-2, -1)) \
-                    / np.sum(info["returned_episode"], axis=(-2, -1))
-                returns[name] = final_return(per_update)
+    for name, out in outputs.items():
+        if name == "ours":
+            returns[name] = final_return(out[1]["episodic_return"])
+        else:
+            info = out["metric" if args.recurrent else "metrics"]
+            ended = info["returned_episode"]
+            per_update = np.nansum(np.where(ended, info["returned_episode_returns"], 0),
+                                   axis=(-2, -1)) / np.sum(ended, axis=(-2, -1))
+            returns[name] = final_return(per_update)
 
     median = {name: statistics.median(v) for name, v in sps.items()}
     for name in runners:

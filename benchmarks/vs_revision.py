@@ -35,7 +35,8 @@ import jax
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from benchmarks.configs import check_overrides, parse_overrides, source_commit  # noqa: E402
+from benchmarks.configs import (check_overrides, parse_overrides, source_commit,  # noqa: E402
+                                time_in_alternation)
 from common.host.logger import final_return  # noqa: E402
 from common.host.options import whole_number  # noqa: E402
 from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
@@ -141,16 +142,8 @@ def main():
     if differ:  # each revision's own defaults: not the same config
         print(f"note: the two Configs differ in {', '.join(differ)}", flush=True)
     sizes = {name: c.num_updates * c.batch_size * args.seeds for name, (_, c) in runners.items()}
-    for fn in compiled.values():  # untimed: a program's first call pays for first touches
-        jax.block_until_ready(fn(keys))
-    sps, returns = {name: [] for name in runners}, {}
-    for i in range(args.repeats):
-        for name, fn in compiled.items():
-            start = time.perf_counter()
-            _, metrics = jax.block_until_ready(fn(keys))
-            sps[name].append(sizes[name] / (time.perf_counter() - start))
-            returns[name] = final_return(metrics["episodic_return"])
-            print(f"run {i + 1}/{args.repeats} {name}: {sps[name][-1]:,.0f} SPS", flush=True)
+    sps, outputs = time_in_alternation(compiled, (keys,), sizes, args.repeats)
+    returns = {name: final_return(out[1]["episodic_return"]) for name, out in outputs.items()}
 
     median = {name: statistics.median(v) for name, v in sps.items()}
     identical = program[mine] == program[theirs]
