@@ -102,9 +102,8 @@ def main():
     if args.seeds < 1 or args.repeats < 1:
         parser.error("--seeds and --repeats must be at least 1")
     overrides = parse_overrides(args.set)
-    total = check_overrides(args.algo, importlib.import_module(f"algos.{args.algo}").Config,
-                            overrides,
-                            args.total_timesteps)
+    config_cls = importlib.import_module(f"algos.{args.algo}").Config
+    total = check_overrides(args.algo, config_cls, overrides, args.total_timesteps)
     args.total_timesteps = 100_000 if total is None else total
     out = args.out or f"benchmarks/results/vs_revision__{args.algo}__seeds{args.seeds}.json"
 
@@ -113,7 +112,10 @@ def main():
     runners, compiled, compile_s, program = {}, {}, {}, {}
 
     def add(name):  # traced and compiled while `name`'s tree is the one imported
-        runners[name] = build(args.algo, args.env_id, args.total_timesteps, overrides)
+        try:
+            runners[name] = build(args.algo, args.env_id, args.total_timesteps, overrides)
+        except (TypeError, ValueError) as error:  # a bad value, or a field `name` lacks
+            parser.error(f"{name}'s Config: {error}")
         train = runners[name][0]
         start = time.perf_counter()
         lowered = jax.jit(jax.vmap(train)).lower(keys)
@@ -130,10 +132,7 @@ def main():
             parser.error(str(error))
         add("this checkout")
         with other_tree(tmp):
-            try:
-                add(f"rev {rev_commit[:10]}")
-            except TypeError as error:  # a --set field that the revision's Config lacks
-                parser.error(f"the revision's Config: {error}")
+            add(f"rev {rev_commit[:10]}")
 
     mine, theirs = list(runners)
     fields = [dataclasses.asdict(runners[name][1]) for name in (mine, theirs)]
