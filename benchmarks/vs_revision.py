@@ -3,6 +3,7 @@
     python benchmarks/vs_revision.py --rev HEAD~3 --algo ppo --seeds 8 --repeats 7
     taskset -c 1 python benchmarks/vs_revision.py --rev main --seeds 32 --total-timesteps 50000
     python benchmarks/vs_revision.py --rev HEAD~1 --set network=gru --set hidden_size=128
+    python benchmarks/vs_revision.py --tree /tmp/old --rev abc1234   # no git history here
 
 "Measure before and after, side by side, in one sitting": the revision's `algos/` and `common/`
 are extracted with `git archive` into a temporary folder, and both versions of
@@ -87,7 +88,11 @@ def build(algo: str, env_id: str, total_timesteps: int, overrides: dict):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rev", required=True, help="the git revision to compare against")
+    parser.add_argument("--rev", help="the git revision to compare against")
+    parser.add_argument("--tree", help="instead of extracting --rev: a folder already holding "
+                        "the other version's algos/ and common/ (`git archive REV algos common "
+                        "| tar -x -C DIR`), for a machine without this repository's history; "
+                        "--rev, if given, only names it")
     parser.add_argument("--algo", choices=("ppo", "a2c", "impala"), default="ppo")
     parser.add_argument("--env-id", default="CartPole-v1")
     parser.add_argument("--seeds", type=int, default=1)
@@ -101,6 +106,11 @@ def main():
     args = parser.parse_args()
     if args.seeds < 1 or args.repeats < 1:
         parser.error("--seeds and --repeats must be at least 1")
+    if args.rev is None and args.tree is None:
+        parser.error("give --rev (a git revision) or --tree (a folder with its algos/, common/)")
+    if args.tree is not None and not all(os.path.isdir(os.path.join(args.tree, p))
+                                         for p in PACKAGES):
+        parser.error(f"--tree {args.tree!r} must hold the folders algos/ and common/")
     overrides = parse_overrides(args.set)
     config_cls = importlib.import_module(f"algos.{args.algo}").Config
     total = check_overrides(args.algo, config_cls, overrides, args.total_timesteps)
@@ -126,10 +136,13 @@ def main():
               flush=True)
 
     with tempfile.TemporaryDirectory(prefix="vs-revision-") as tmp:
-        try:  # first: a bad --rev stops before anything compiles
-            rev_commit = extract(args.rev, tmp)
-        except ValueError as error:
-            parser.error(str(error))
+        if args.tree is not None:
+            tmp, rev_commit = args.tree, args.rev or f"tree {args.tree}"
+        else:
+            try:  # first: a bad --rev stops before anything compiles
+                rev_commit = extract(args.rev, tmp)
+            except ValueError as error:
+                parser.error(str(error))
         add("this checkout")
         with other_tree(tmp):
             add(f"rev {rev_commit[:10]}")
@@ -156,6 +169,7 @@ def main():
     modified = subprocess.run(["git", "status", "--porcelain", *PACKAGES], cwd=ROOT,
                               capture_output=True, text=True).stdout.strip() != ""
     record = dict(commit=source_commit(), checkout_modified=modified, rev=args.rev,
+                  tree=args.tree,
                   rev_commit=rev_commit, algo=args.algo, env_id=args.env_id, overrides=overrides,
                   seeds=args.seeds,
                   total_timesteps=args.total_timesteps, repeats=args.repeats,
