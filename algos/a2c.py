@@ -56,8 +56,7 @@ from common.distributed import pmean
 from common.envs import EnvSpec, check_env_id, make_env
 from common.gae import gae
 from common.nn import CORES, Conv, Dense, orthogonal
-from common.rollout import (EnvState, Trajectory, bootstrap_values, finished_episode_stats,
-                            reset, rollout)
+from common.rollout import EnvState, Trajectory, finished_episode_stats, reset, rollout
 from common.validate import check_fields, require
 
 
@@ -352,18 +351,16 @@ def make_train(config: Config, live_progress: bool = False):
         return CORES[config.core].initial_state(num_envs, config.hidden_size) if recurrent \
             else None
 
-    def next_values(params, values, next_obs, memory, truncated):
-        """V(s'_t) of the observation each step t led to, before any reset, [T, N], given the
-        rollout's V(s_t) `values` under the same `params`: `common.rollout.bootstrap_values`
-        evaluates only the truncations and the last step. Recurrent: one more step of the core
-        from its state after s_t (the episode goes on: no reset)."""
-        def value(inputs):  # [K] observations (and core states) -> V [K]
-            obs, memory = inputs
-            if not recurrent:
-                return network.apply(params, obs)[1]
-            return network.apply(params, obs[None], memory, jnp.zeros((1, len(obs)), bool))[1][0]
-
-        return bootstrap_values(value, values, (next_obs, memory), truncated, spec.time_limit)
+    def next_values(params, next_obs, memory):
+        """V(s'_t) of the observation each step t led to, before any reset, [T, N]. Recurrent:
+        one more step of the core from its state after s_t (the episode goes on: no reset)."""
+        if not recurrent:
+            return network.apply(params, next_obs)[1]
+        steps, envs = next_obs.shape[:2]
+        as_one_step = lambda x: x.reshape((1, steps * envs) + x.shape[2:])  # noqa: E731
+        _, value, _ = network.apply(params, as_one_step(next_obs), as_one_step(memory)[0],
+                                    jnp.zeros((1, steps * envs), bool))
+        return value.reshape(steps, envs)
 
     def init(key, hparams: HParams | None = None) -> TrainState:
         """Fresh parameters, optimiser state and environments for one run (data-parallel:
@@ -399,12 +396,11 @@ def make_train(config: Config, live_progress: bool = False):
         norm = (lambda obs: normalize.normalize(state.obs_stats, obs)) if config.normalize_obs \
             else (lambda obs: obs)
 
+        # BOOTSTRAP VALUES: V of the true next observation (the final one where an episode ended)
+        v_tp1 = next_values(state.params, norm(traj.next_obs), traj.policy_info)
+
         def loss_fn(params):
             pi, v_t, _ = network.apply(params, norm(traj.obs), state.env.hidden, traj.first)
-            # BOOTSTRAP VALUES: V of the true next observation (the final one where an
-            # episode ended), a target
-            v_tp1 = next_values(state.params, v_t, norm(traj.next_obs), traj.policy_info,
-                                traj.truncated)
             return a2c_loss(pi.log_prob(traj.action), pi.entropy(), v_t, traj.reward, v_tp1,
                             traj.terminated, traj.truncated, gamma=hp.gamma,
                             gae_lambda=hp.gae_lambda, ent_coef=hp.ent_coef,

@@ -48,8 +48,7 @@ from common.envs import EnvSpec, check_env_id, make_env
 from common.gae import gae
 from common.minibatch import flat_optimizer, sgd_scan, shuffled_minibatches
 from common.nn import CORES, Conv, Dense, orthogonal
-from common.rollout import (EnvState, bootstrap_values, finished_episode_stats, reset,
-                            rollout)
+from common.rollout import EnvState, finished_episode_stats, reset, rollout
 from common.validate import check_fields, optional_positive, require
 
 
@@ -381,18 +380,16 @@ def make_train(config: Config, live_progress: bool = False):
         return CORES[config.core].initial_state(num_envs, config.hidden_size) if recurrent \
             else None
 
-    def next_values(params, values, next_obs, memory, truncated):
-        """V(s'_t) of the observation each step t led to, before any reset, [T, N], given the
-        rollout's V(s_t) `values` under the same `params`: `common.rollout.bootstrap_values`
-        evaluates only the truncations and the last step. Recurrent: one more step of the core
-        from its state after s_t (the episode goes on: no reset)."""
-        def value(inputs):  # [K] observations (and core states) -> V [K]
-            obs, memory = inputs
-            if not recurrent:
-                return network.apply(params, obs)[1]
-            return network.apply(params, obs[None], memory, jnp.zeros((1, len(obs)), bool))[1][0]
-
-        return bootstrap_values(value, values, (next_obs, memory), truncated, spec.time_limit)
+    def next_values(params, next_obs, memory):
+        """V(s'_t) of the observation each step t led to, before any reset, [T, N]. Recurrent:
+        one more step of the core from its state after s_t (the episode goes on: no reset)."""
+        if not recurrent:
+            return network.apply(params, next_obs)[1]
+        steps, envs = next_obs.shape[:2]
+        as_one_step = lambda x: x.reshape((1, steps * envs) + x.shape[2:])  # noqa: E731
+        _, value, _ = network.apply(params, as_one_step(next_obs), as_one_step(memory)[0],
+                                    jnp.zeros((1, steps * envs), bool))
+        return value.reshape(steps, envs)
 
     def loss_fn(params, hp: HParams, obs_stats, minibatch):
         hidden, batch = minibatch  # recurrent: [envs] start states and [envs, T] sequences
@@ -506,8 +503,7 @@ def make_train(config: Config, live_progress: bool = False):
         next_obs = traj.next_obs
         if config.normalize_obs:
             next_obs = normalize.normalize(state.obs_stats, next_obs)
-        next_value = next_values(state.params, traj.policy_info.value, next_obs,
-                                 traj.policy_info.memory, traj.truncated)
+        next_value = next_values(state.params, next_obs, traj.policy_info.memory)
         advantage, ret = gae(traj.reward, traj.policy_info.value, next_value,
                              traj.terminated, traj.truncated, hp.gamma, hp.gae_lambda)
         data = Transition(traj.obs, traj.action, traj.policy_info.log_prob,

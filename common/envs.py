@@ -33,10 +33,6 @@ class EnvSpec(NamedTuple):
     """Lower bounds of a continuous action space (one per dimension), else None."""
     action_high: tuple | None
     """Upper bounds of a continuous action space, else None."""
-    time_limit: int | None = None
-    """L: a time limit truncates an episode when, and only when, it reaches L steps (gymnax's
-    and Brax's `env_params.max_steps_in_episode`); None where unknown. It bounds how many
-    truncations a rollout can hold (`common.rollout.bootstrap_values`)."""
 
     @property
     def image_obs(self) -> bool:
@@ -217,17 +213,15 @@ def make_env(env_id: str, brax_backend: str = "positional"):
     else:
         env, env_params = _make_gymnax(env_id)
     spaces = gymnax_spaces()
-    limit = getattr(env_params, "max_steps_in_episode", None)
-    limit = int(limit) if limit is not None else None
     obs_space = env.observation_space(env_params)
     action_space = env.action_space(env_params)
     if isinstance(action_space, spaces.Discrete):
-        spec = EnvSpec(tuple(obs_space.shape), True, int(action_space.n), None, None, limit)
+        spec = EnvSpec(tuple(obs_space.shape), True, int(action_space.n), None, None)
     elif isinstance(action_space, spaces.Box) and len(action_space.shape) <= 1:
         dim = int(action_space.shape[0]) if action_space.shape else 1
         low = tuple(float(x) for x in jnp.broadcast_to(action_space.low, (dim,)))
         high = tuple(float(x) for x in jnp.broadcast_to(action_space.high, (dim,)))
-        spec = EnvSpec(tuple(obs_space.shape), False, dim, low, high, limit)
+        spec = EnvSpec(tuple(obs_space.shape), False, dim, low, high)
     else:
         raise ValueError(f"environment {env_id!r} has action space {action_space!r}; only "
                          "Discrete and one-dimensional Box action spaces are supported.")

@@ -4,8 +4,7 @@ gymnax 1.0 resets an environment automatically inside `step` and reports how the
 ended in two flags, `terminated` (a terminal state: no bootstrap) and `truncated` (a time
 limit: bootstrap from the observation the step really reached, `info["final_observation"]`).
 The rollout keeps the two apart and records that final observation as `next_obs`, so the
-advantage functions (`common/gae.py`, `common/vtrace.py`) can treat time limits correctly;
-`bootstrap_values` gives them V of it, valuing only the observations the policy has not.
+advantage functions (`common/gae.py`, `common/vtrace.py`) can treat time limits correctly.
 
 A recurrent policy's state rides in the same carry (`EnvState.hidden`, one per environment):
 the policy gets it with a flag `first` that marks the first observation of an episode, and
@@ -16,11 +15,9 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from common.envs import EnvSpec, to_env_action
 from common.scan import packed_scan
-from common.validate import check_time_major
 
 
 class EnvState(NamedTuple):
@@ -124,54 +121,6 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
 
     # = lax.scan(one_step, ...), with the carry and the transitions packed (speed on CPU only)
     return packed_scan(one_step, state, jax.random.split(key, num_steps))
-
-
-def bootstrap_values(value_fn: Callable, values, next_inputs, truncated,
-                     time_limit: int | None):
-    r"""V(s'_t), the value of the observation each step t of a rollout led to, [T, N].
-
-    Inside an episode s'_t = s_{t+1}, whose value the rollout already has (`values[t+1]`).
-    Only at a truncation, and at the rollout's last step, is s'_t an observation the policy
-    has not valued, so `value_fn` runs only there. Where the episode terminated, every
-    estimator multiplies V(s'_t) by 1 - terminated_t; `values[t+1]` stands in, finite.
-
-    With a time limit of L steps, an environment truncates at most ceil((T-1)/L) times in
-    steps 0..T-2, so `value_fn` needs at most K = N (ceil((T-1)/L) + 1) inputs, gathered into
-    one call (PPO on CartPole, T = 128, N = 4, L = 500: 8 inputs instead of 512). Without a
-    known limit, or when K >= T N, it runs on all T N. gymnax's environments truncate when
-    their step counter reaches L (`is_truncated`), and so does `common/braxenv.py`; one that
-    truncated more often would get NaN values here, and a run stops at the NaN guard instead
-    of learning from wrong targets.
-
-    Args:
-      value_fn: `next_inputs` with the [T, N] axes gathered to [K] -> V, [K].
-      values: V(s_t) [T, N] from the same function (the same parameters and normalisation).
-      next_inputs: a pytree of [T, N, ...] arrays: what `value_fn` takes for s'_t (the
-        observation before any reset; a recurrent core's state after s_t).
-      truncated: bool [T, N]: a time limit ended the episode at step t.
-      time_limit: L, `EnvSpec.time_limit` (None: unknown).
-
-    Returns:
-      V(s'_t) [T, N], a target: no gradient flows through it.
-    """
-    values = jnp.asarray(values)
-    check_time_major("bootstrap_values", values, truncated=truncated)
-    if values.ndim != 2:
-        raise ValueError(f"bootstrap_values: `values` has shape {values.shape}, expected "
-                         "[T, N] (time-major, one axis of environments).")
-    steps, envs = values.shape
-    flat = lambda x: x.reshape((steps * envs,) + x.shape[2:])  # noqa: E731
-    size = None if time_limit is None else envs * (-(-(steps - 1) // time_limit) + 1)
-    if size is None or size >= steps * envs:
-        return lax.stop_gradient(value_fn(jax.tree.map(flat, next_inputs)).reshape(steps, envs))
-    needed = jnp.asarray(truncated, bool).at[-1].set(True).reshape(-1)
-    (index,) = jnp.nonzero(needed, size=size, fill_value=steps * envs)  # fill: out of range
-    gathered = jax.tree.map(lambda x: jnp.take(flat(x), index, axis=0, mode="clip"), next_inputs)
-    inside = jnp.concatenate([values[1:], values[-1:]]).reshape(-1)  # V(s_{t+1}); last row: any
-    out = inside.at[index].set(value_fn(gathered), mode="drop").reshape(steps, envs)
-    # More truncations than the limit allows (an environment that breaks its own time limit):
-    # NaN, which stops a run at the NaN guard, rather than targets silently wrong.
-    return lax.stop_gradient(jnp.where(jnp.sum(needed) > size, jnp.nan, out))
 
 
 def finished_episode_stats(trajectory: Trajectory):

@@ -14,7 +14,7 @@ from common import normalize
 from common.distributed import pmean, psum
 from common.envs import check_env_id, make_env, to_env_action
 from common.nn import orthogonal
-from common.rollout import bootstrap_values, finished_episode_stats, reset, rollout
+from common.rollout import finished_episode_stats, reset, rollout
 
 
 # ------------------------------------------------------------------ normalisation
@@ -96,57 +96,6 @@ def test_rollout_terminates_without_truncation_flag():
     assert traj.terminated.any()  # always pushing left drops the pole within ~10 steps
     assert not (traj.terminated & traj.truncated).any()
     assert not traj.truncated.any()
-
-
-def test_bootstrap_values_are_v_of_every_next_observation_from_only_the_truncations():
-    """`bootstrap_values` against a value function evaluated at every s'_t, wherever s'_t is
-    used (not terminated), on a real rollout with both kinds of ending. The value function
-    also reads a per-step "core state" (a second leaf, as a recurrent policy's), so the gather
-    must keep the two aligned; it sees K = N (ceil((T-1)/L) + 1) inputs, not T N."""
-    limit, steps, envs = 5, 23, 3
-    env, env_params, spec = make_env("FrozenLake-misc")
-    env_params = env_params.replace(max_steps_in_episode=limit)
-    policy = lambda key, obs, first, h: (  # noqa: E731
-        jax.random.randint(key, obs.shape[:1], 0, spec.action_dim), jnp.zeros(len(obs)), h)
-    _, traj = jax.jit(lambda k: rollout(env, env_params, spec, policy,
-                                        reset(env, env_params, k, envs), k, steps))(
-        jax.random.PRNGKey(3))
-    rng = np.random.default_rng(0)
-    w = rng.normal(size=int(np.prod(spec.obs_shape))).astype(np.float32)
-    memory = rng.normal(size=(steps, envs, 2)).astype(np.float32)  # the state after s_t
-    value = lambda obs, mem: np.tanh(obs.reshape(len(obs), -1) @ w) + mem[:, 0] * mem[:, 1]  # noqa: E731
-    flat = lambda x: np.asarray(x).reshape((-1,) + x.shape[2:])  # noqa: E731
-    every = value(flat(traj.next_obs), flat(memory)).reshape(steps, envs)  # V(s'_t), all t
-    values = np.zeros((steps, envs), np.float32)  # V(s_t): s_t with the state after s_{t-1}
-    values[1:] = value(flat(traj.obs[1:]), flat(memory[:-1])).reshape(steps - 1, envs)
-    seen = []
-
-    def value_fn(inputs):
-        seen.append(inputs[0].shape[0])
-        obs, mem = inputs
-        return jnp.tanh(obs.reshape(len(obs), -1) @ w) + mem[:, 0] * mem[:, 1]
-
-    terminated, truncated = np.asarray(traj.terminated), np.asarray(traj.truncated)
-    assert terminated.sum() >= 2 and truncated[:-1].sum() >= 6
-    for time_limit, size in ((limit, envs * (-(-(steps - 1) // limit) + 1)), (None, steps * envs)):
-        got = jax.jit(lambda v, x, tr: bootstrap_values(value_fn, v, x, tr, time_limit))(
-            values, (traj.next_obs, memory), traj.truncated)
-        np.testing.assert_allclose(np.asarray(got)[~terminated], every[~terminated],
-                                   rtol=1e-5, atol=1e-6)
-        assert seen.pop() == size
-    assert size == 69 and envs * (-(-(steps - 1) // limit) + 1) == 18
-    # An environment truncating more often than its stated limit: NaN, never silent targets.
-    wrong = bootstrap_values(value_fn, values, (traj.next_obs, memory), traj.truncated, 50)
-    assert np.isnan(np.asarray(wrong)).all()
-    with pytest.raises(ValueError, match="truncated"):
-        bootstrap_values(value_fn, values, (traj.next_obs, memory), truncated[1:], limit)
-
-
-def test_every_environment_s_time_limit_is_known():
-    """`EnvSpec.time_limit` is what bounds a rollout's truncations (above): every id has one."""
-    for env_id in ("CartPole-v1", "MaskedCartPole-v1", "Breakout-MinAtar", "MemoryChain-bsuite"):
-        env, env_params, spec = make_env(env_id)
-        assert spec.time_limit == int(env_params.max_steps_in_episode) > 0, env_id
 
 
 def test_continuous_actions_are_clipped_for_the_environment_only():
