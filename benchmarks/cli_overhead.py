@@ -35,7 +35,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from benchmarks.configs import summary_figures  # noqa: E402
+from benchmarks.configs import source_commit, summary_figures  # noqa: E402
 
 
 def bare(algo: str, args: list[str], chunk_loop: bool = False) -> dict:
@@ -210,9 +210,7 @@ def main():
     if args.bare:
         print(json.dumps(bare(args.bare, [a for a in rest if a != "--"], args.chunk_loop)))
         return
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
-    record = {"commit": commit, "cpus": len(os.sched_getaffinity(0)),
+    record = {"commit": source_commit(), "cpus": len(os.sched_getaffinity(0)),
               "total_timesteps": args.total_timesteps, "repeats": args.repeats}
     if not args.start_only:
         record["side_by_side"] = side_by_side(args.algos, args.seeds, args.total_timesteps,
