@@ -168,3 +168,21 @@ def test_vs_revision_imports_the_other_tree_inside_the_block_and_this_one_after(
     assert sys.modules["algos.ppo"] is ours_before and sys.modules["common.gae"] is gae_before
     assert not [m for m in sys.modules.values()
                 if str(tmp_path) in (getattr(m, "__file__", None) or "")]
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "give --rev (a git revision) or --tree"),
+    (["--tree", "{empty}"], "must hold the folders algos/ and common/"),
+    (["--rev", "no-such-revision"], "is not a commit of this repository"),
+])
+def test_vs_revision_refuses_a_missing_or_bad_other_version_before_compiling(
+        tmp_path, monkeypatch, capsys, argv, message):
+    from benchmarks import vs_revision
+
+    argv = [a.replace("{empty}", str(tmp_path)) for a in argv]
+    monkeypatch.setattr(sys, "argv", ["vs_revision.py", *argv])
+    monkeypatch.setattr(vs_revision, "time_in_alternation", None)  # never reached
+    monkeypatch.setattr(vs_revision, "unroll_threefry_on_cpu", lambda: None)  # process-wide
+    with pytest.raises(SystemExit) as stop:
+        vs_revision.main()
+    assert stop.value.code == 2 and message in capsys.readouterr().err
