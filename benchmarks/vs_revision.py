@@ -137,7 +137,7 @@ def main():
 
     with tempfile.TemporaryDirectory(prefix="vs-revision-") as tmp:
         if args.tree is not None:
-            tmp, rev_commit = args.tree, args.rev or f"tree {args.tree}"
+            tmp, rev_commit = args.tree, args.rev or "tree"
         else:
             try:  # first: a bad --rev stops before anything compiles
                 rev_commit = extract(args.rev, tmp)
