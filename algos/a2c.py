@@ -94,7 +94,8 @@ class Config:
     learning_rate: float = 7e-4
     """Learning rate (the start value when annealed)."""
     anneal_lr: bool = False
-    """Anneal the learning rate linearly to 0 over the run."""
+    """Anneal the learning rate linearly toward 0: update k of N (k = 0, ..., N-1) uses
+    lr * (1 - k / N), as CleanRL."""
     gamma: float = 0.99
     """Discount factor."""
     gae_lambda: float = 1.0
@@ -138,6 +139,12 @@ class Config:
         require(self, "unit", "gamma", "gae_lambda")
         require(self, "unit_open", "rms_decay")
         require(self, "nonnegative", "ent_coef", "vf_coef")
+        if self.norm_adv and self.batch_size < 2:
+            raise ValueError(
+                "--norm-adv normalises the advantages over each rollout, but a rollout holds "
+                "one sample (num_envs * num_steps = 1): every normalised advantage would be 0 "
+                "and the policy would not learn. Use more --num-envs or --num-steps, or "
+                "--no-norm-adv.")
         if self.total_timesteps < self.batch_size:
             raise ValueError(f"--total-timesteps {self.total_timesteps} is less than one "
                              f"rollout (num_envs * num_steps = {self.batch_size}).")
@@ -176,6 +183,8 @@ class HParams(NamedTuple):
 
     `train(key)` takes them from the Config; `train(key, hparams)` overrides them, e.g.
     `jax.vmap(train)(keys, jax.vmap(lambda lr: config.hparams()._replace(learning_rate=lr))(lrs))`.
+    Values given this way skip the Config's checks (they may be traced);
+    `dataclasses.replace(config, learning_rate=lr).hparams()` builds a checked set.
     """
 
     learning_rate: jax.Array

@@ -17,6 +17,8 @@ What differs from the paper:
   with the same `0.5 * (vs - V)^2` baseline loss, and the learning rate does not depend on the
   batch size); optionally several epochs of minibatches over each batch of trajectories
   (minibatches split the environments, never the time axis, which V-Trace runs along);
+- RMSprop's average of squared gradients starts at 0, not at TensorFlow 1's 1 (which slowed
+  early learning on CartPole);
 - optional penalty on KL(mu || pi) (`kl_coef`, default 0), estimated from the behaviour's own
   samples with Schulman's k3 estimator, http://joschu.net/blog/kl-approx.html;
 - the networks of `algos/ppo.py` (separate 64x64 tanh actor and critic MLPs, or the small MinAtar
@@ -100,7 +102,8 @@ class Config:
     is for Atari with summed losses): 1e-3 learns too slowly for 1e6 steps, 2e-2 collapsed
     one run in 16, 5e-3 and 1e-2 reached ~499."""
     anneal_lr: bool = True
-    """Anneal the learning rate linearly to 0 over the run (paper: yes)."""
+    """Anneal the learning rate linearly toward 0: update k of N (k = 0, ..., N-1) uses
+    lr * (1 - k / N), as CleanRL (paper: yes)."""
     rms_decay: float = 0.99
     """RMSProp decay of the squared-gradient average (paper: 0.99)."""
     opt_eps: float = 0.01
@@ -201,6 +204,8 @@ class HParams(NamedTuple):
 
     `train(key)` takes them from the Config; `train(key, hparams)` overrides them, e.g.
     `jax.vmap(train)(keys, jax.vmap(lambda lr: config.hparams()._replace(learning_rate=lr))(lrs))`.
+    Values given this way skip the Config's checks (they may be traced);
+    `dataclasses.replace(config, learning_rate=lr).hparams()` builds a checked set.
     """
 
     learning_rate: jax.Array

@@ -9,7 +9,7 @@ al. (2022), "The 37 Implementation Details of PPO" (ICLR blog track), and matchi
 `ppo.py` flags and defaults:
 - advantages are normalised per minibatch (`norm_adv`), the value loss is clipped around the
   rollout's values (`clip_vloss`), gradients are clipped by global norm (`max_grad_norm`),
-  Adam uses eps=1e-5 and the learning rate is annealed linearly to 0 (`anneal_lr`);
+  Adam uses eps=1e-5 and the learning rate is annealed linearly toward 0 (`anneal_lr`);
 - separate actor and critic MLPs (64x64 tanh, orthogonal init, policy head scaled 0.01) or a
   shared small CNN torso for image observations (MinAtar); optionally a GRU or LSTM core
   (`--network gru`, `lstm`) whose state is reset at every episode start and recomputed in the
@@ -79,7 +79,8 @@ class Config:
     learning_rate: float = 2.5e-4
     """Adam learning rate (the start value when annealed)."""
     anneal_lr: bool = True
-    """Anneal the learning rate linearly to 0 over the run."""
+    """Anneal the learning rate linearly toward 0: update k of N (k = 0, ..., N-1) uses
+    lr * (1 - k / N), as CleanRL."""
     opt_eps: float = 1e-5
     """Adam's epsilon (CleanRL: 1e-5)."""
     gamma: float = 0.99
@@ -135,6 +136,13 @@ class Config:
                 f"--network {self.network} splits minibatches by environment (whole sequences), "
                 f"but --num-envs {self.num_envs} is not divisible by --num-minibatches "
                 f"{self.num_minibatches}; pick sizes that divide.")
+        if self.norm_adv and self.minibatch_size < 2:
+            raise ValueError(
+                f"--norm-adv normalises the advantages over each minibatch, but a minibatch "
+                f"holds one sample (num_envs * num_steps / num_minibatches = "
+                f"{self.batch_size} / {self.num_minibatches}): every normalised advantage "
+                f"would be 0 and the policy would not learn. Use fewer --num-minibatches, "
+                f"more --num-envs or --num-steps, or --no-norm-adv.")
         if self.total_timesteps < self.batch_size:
             raise ValueError(f"--total-timesteps {self.total_timesteps} is less than one "
                              f"rollout (num_envs * num_steps = {self.batch_size}).")
@@ -177,6 +185,8 @@ class HParams(NamedTuple):
 
     `train(key)` takes them from the Config; `train(key, hparams)` overrides them, e.g.
     `jax.vmap(train)(keys, jax.vmap(lambda lr: config.hparams()._replace(learning_rate=lr))(lrs))`.
+    Values given this way skip the Config's checks (they may be traced);
+    `dataclasses.replace(config, learning_rate=lr).hparams()` builds a checked set.
     """
 
     learning_rate: jax.Array

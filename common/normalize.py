@@ -10,6 +10,12 @@ variances" -- the same statistics `gymnasium.wrappers.NormalizeObservation` keep
 
 Rewards are scaled by the running standard deviation of the discounted return, kept with the
 same statistics (`normalize_rewards`).
+
+The algorithms merge a rollout's observations into the statistics after that rollout's
+update, so a rollout, its bootstrap values and its update all see the same statistics (those
+of the rollouts before it; the first rollout sees raw observations, mean 0 and variance 1),
+and the update's probability ratios compare the policy on identical inputs. gymnasium's
+wrapper instead merges each observation before normalising it.
 """
 
 from typing import NamedTuple

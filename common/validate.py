@@ -32,7 +32,8 @@ RULES = {
     "positive": (lambda v: _real(v) and math.isfinite(v) and v > 0, "must be > 0"),
     "nonnegative": (lambda v: _real(v) and math.isfinite(v) and v >= 0, "must be >= 0"),
     "unit": (lambda v: _real(v) and 0.0 <= v <= 1.0, "must be in [0, 1]"),
-    "unit_open": (lambda v: _real(v) and 0.0 <= v < 1.0, "must be in [0, 1)"),
+    "unit_open": (lambda v: _real(v) and 0.0 <= v and float(np.float32(v)) < 1.0,
+                  "must be in [0, 1)"),
 }
 """rule name -> (test, what the value must be)."""
 
@@ -108,6 +109,10 @@ def require(config, rule: str, *names: str):
     for name in names:
         value = getattr(config, name)
         if not test(value):
+            if _real(value) and value < 1.0 <= float(np.float32(value)):
+                raise ValueError(f"{flag(name)} {must}, got {value!r}, which rounds to 1.0 in "
+                                 f"float32 in the program (the largest float32 below 1 is "
+                                 f"{float(np.nextafter(np.float32(1), np.float32(0))):.8f}).")
             raise ValueError(f"{flag(name)} {must}, got {value!r}.")
 
 

@@ -36,7 +36,8 @@ def vtrace(log_rhos, rewards, values, next_values, terminated, truncated, gamma,
     `vs_t - V(s_t)` the GAE advantages (`tests/test_vtrace.py` checks it).
 
     The policy-gradient target bootstraps from `vs_{t+1}` for every lambda, as Sec. 4.2 writes
-    it and as DeepMind's original IMPALA implementation (`scalable_agent`'s `vtrace.py`) does.
+    it (DeepMind's original IMPALA implementation, `scalable_agent`'s `vtrace.py`, has no
+    lambda and bootstraps from `vs_{t+1}`).
     rlax's `vtrace_td_error_and_advantage` instead bootstraps from
     `lambda * vs_{t+1} + (1 - lambda) * V(s_{t+1})`. The two agree at lambda = 1, the paper's
     V-Trace and this toolkit's default; below 1 this code keeps the paper's target, so that

@@ -80,6 +80,11 @@ CATALOGUE = [
     # --- sizes ---
     ("ppo", ["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "not divisible"),
     ("impala", ["--num-envs", "6", "--num-minibatches", "4"], "not divisible"),
+    ("ppo", ["--num-envs", "1", "--num-steps", "4", "--num-minibatches", "4"],
+     "--norm-adv normalises the advantages over each minibatch, but a minibatch holds one "
+     "sample"),
+    ("a2c", ["--num-envs", "1", "--num-steps", "1", "--norm-adv"],
+     "--norm-adv normalises the advantages over each rollout, but a rollout holds one sample"),
     ("ppo", ["--num-envs", "0"], "--num-envs must be a positive integer"),
     ("a2c", ["--num-steps", "0"], "--num-steps must be a positive integer"),
     ("a2c", ["--num-envs", "0"], "--num-envs must be a positive integer"),
@@ -98,6 +103,7 @@ CATALOGUE = [
     ("ppo", ["--learning-rate", "-1e-3"], "--learning-rate must be > 0"),
     ("ppo", ["--gamma", "1.5"], "--gamma must be in [0, 1]"),
     ("a2c", ["--rms-decay", "1.0"], "--rms-decay must be in [0, 1)"),
+    ("impala", ["--rms-decay", "0.99999999"], "which rounds to 1.0 in float32"),
     ("impala", ["--actor-lag", "-1"], "--actor-lag must be >= 0"),
     # --- values that are not what their type says (finite, float32-safe, integers) ---
     ("ppo", ["--opt-eps", "inf"], "--opt-eps must be a finite number, got inf"),
