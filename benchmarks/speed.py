@@ -9,7 +9,8 @@ reports the median steady-state SPS (all seeds together, and per seed). The run 
 per-environment setting of `benchmarks/configs.py` (plus `--variant`), or `--total-timesteps`,
 or `--updates` whole updates of the row's own batch size. Raw rows go to
 `benchmarks/results/speed__{algo}__{env_id}[__{variant}].json` (a seeds sweep) or
-`speed_envs__...json` (a `num_envs` sweep); `--plot FILE.png` draws SPS against the swept
+`speed_envs__...json` (a `num_envs` sweep), with the commit, the JAX version and the CPUs the
+rows ran on; `--plot FILE.png` draws SPS against the swept
 quantity on log-log axes from every such file given with `--from`.
 """
 
@@ -146,9 +147,13 @@ def main():
     name = f"speed{'_envs' if sweep == 'num_envs' else ''}__{args.algo}__{args.env_id}" \
            f"{'__' + args.variant if args.variant else ''}.json"
     label = f"{args.algo} {args.env_id}{' ' + args.variant if args.variant else ''}"
+    from importlib import metadata
+
+    from benchmarks.configs import source_commit
     with open(os.path.join(args.out_dir, name), "w") as f:
-        json.dump({"command": " ".join(sys.argv), "sweep": sweep, "label": label,
-                   "rows": rows}, f, indent=1)
+        json.dump({"command": " ".join(sys.argv), "commit": source_commit(),
+                   "jax": metadata.version("jax"), "cpus": len(os.sched_getaffinity(0)),
+                   "sweep": sweep, "label": label, "rows": rows}, f, indent=1)
     print(f"saved {os.path.join(args.out_dir, name)}")
 
 
