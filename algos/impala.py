@@ -117,7 +117,8 @@ class Config:
     rho_bar: float = 1.0
     """Truncation of the importance weight in the V-Trace targets (paper: 1)."""
     c_bar: float = 1.0
-    """Truncation of the V-Trace trace coefficients (paper: 1)."""
+    """Truncation of the V-Trace trace coefficients (paper: 1; its analysis assumes
+    rho_bar >= c_bar)."""
     pg_rho_bar: float = 1.0
     """Truncation of the importance weight of the policy gradient (paper: 1)."""
     num_minibatches: int = 1

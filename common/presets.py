@@ -26,13 +26,13 @@ PRESETS = {
     ("ppo", "MountainCarContinuous-v0"): dict(_PPO_CONTINUOUS),
     # A2C: the file's defaults (Baselines / SB3: 16 envs x 5 steps, RMSprop 7e-4) on the
     # discrete classic-control tasks. Pendulum: SB3 RL Zoo's A2C settings (8 envs x 8 steps,
-    # gamma 0.9, GAE lambda 0.9, the zoo's vf_coef 0.4, which is 0.8 on this file's halved
-    # squared error, lr 7e-4 annealed, normalised observations), without the zoo's
-    # state-dependent exploration and reward normalisation.
+    # gamma 0.9, GAE lambda 0.9, lr 7e-4 annealed, normalised observations), without the
+    # zoo's state-dependent exploration and reward normalisation, and with vf_coef 0.4 on this
+    # file's halved squared error: half the zoo's 0.4 (see the file's `vf_coef`).
     ("a2c", "CartPole-v1"): dict(total_timesteps=500_000),
     ("a2c", "Acrobot-v1"): dict(total_timesteps=500_000),
     ("a2c", "Pendulum-v1"): dict(total_timesteps=2_000_000, num_envs=8, num_steps=8, gamma=0.9,
-                                 gae_lambda=0.9, vf_coef=0.8, anneal_lr=True,
+                                 gae_lambda=0.9, vf_coef=0.4, anneal_lr=True,
                                  normalize_obs=True),
     ("a2c", "MountainCarContinuous-v0"): dict(total_timesteps=2_000_000, num_envs=8,
                                               num_steps=8, normalize_obs=True),
@@ -131,11 +131,10 @@ for _game in MINATAR:
     # collapsed to 0-3). Asterix: A2C 0.01 / 0.03 / 0.1 gave 4.5 / 8.2 / 5.5, IMPALA 7.2 / 7.5
     # / 2.3; the Breakout bonuses had given 1.8 and 1.1. Freeway, 0.03 only: A2C 50.0, IMPALA
     # 41.0, where IMPALA with Breakout's 0.2 gave 1.4 (8 seeds).
-    # A2C keeps vf_coef 0.5, the value these sweeps ran with (half the file's default).
     _a2c_entropy, _impala_entropy = _MINATAR_ENTROPY.get(_game, (0.3, 0.2))
     PRESETS[("a2c", _game)] = dict(total_timesteps=10_000_000, num_envs=64, num_steps=16,
                                    optimizer="adam", learning_rate=4e-3, norm_adv=True,
-                                   ent_coef=_a2c_entropy, vf_coef=0.5)
+                                   ent_coef=_a2c_entropy)
     PRESETS[("impala", _game)] = dict(total_timesteps=10_000_000, num_envs=64, num_steps=16,
                                       optimizer="adam", learning_rate=4e-3, opt_eps=1e-5,
                                       ent_coef=_impala_entropy)
@@ -177,13 +176,13 @@ PRESETS[("ppo", "brax/hopper")] = dict(total_timesteps=3_000_000, **_PPO_BRAX_CP
 PRESETS[("ppo", "brax/inverted_pendulum")] = dict(total_timesteps=1_000_000, **_PPO_BRAX_CPU)
 # A2C on Hopper and the inverted pendulum: 16 envs x 8 steps (one RMSprop step per 128
 # transitions), lr 7e-4 annealed to 0, GAE lambda 0.95, normalised advantages, observations
-# and rewards, vf_coef 0.5 (the value the sweep ran with). A vmapped sweep on Hopper (2
-# seeds, 1e6 steps, constant lr, benchmarks/results/sweeps/a2c__brax-hopper__cpu-lr.json):
-# lr 2e-4 / 7e-4 / 2e-3 gave 946 / 1179 / 817 (a seed at 592). Over 3e6 steps a constant
-# 7e-4 swung between about 600 and 1400 and ended at 920 (both seeds); annealed, 1051
-# (a2c__brax-hopper__const-lr.json, a2c__brax-hopper__anneal.json in benchmarks/results/).
+# and rewards. A vmapped sweep on Hopper (2 seeds, 1e6 steps, constant lr,
+# benchmarks/results/sweeps/a2c__brax-hopper__cpu-lr.json): lr 2e-4 / 7e-4 / 2e-3 gave
+# 946 / 1179 / 817 (a seed at 592). Over 3e6 steps a constant 7e-4 swung between about 600
+# and 1400 and ended at 920 (both seeds); annealed, 1051 (a2c__brax-hopper__const-lr.json,
+# a2c__brax-hopper__anneal.json in benchmarks/results/).
 _A2C_BRAX_CPU = dict(num_envs=16, num_steps=8, learning_rate=7e-4, anneal_lr=True,
-                     gae_lambda=0.95, norm_adv=True, vf_coef=0.5, normalize_obs=True,
+                     gae_lambda=0.95, norm_adv=True, normalize_obs=True,
                      normalize_reward=True)
 PRESETS[("a2c", "brax/hopper")] = dict(total_timesteps=3_000_000, **_A2C_BRAX_CPU)
 PRESETS[("a2c", "brax/inverted_pendulum")] = dict(total_timesteps=1_000_000, **_A2C_BRAX_CPU)
