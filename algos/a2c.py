@@ -115,8 +115,8 @@ class Config:
     otherwise; `benchmarks/results/sweeps/a2c__*vf.json`): MountainCarContinuous 13.7 against
     46.4 (16 seeds, 2 against 6 solved), MaskedCartPole 130 against 170 with a GRU and 184
     against 262 with an LSTM (8 seeds; the worst seed 9 against 88 and 193); MemoryChain
-    solved by all 16 seeds with either. On Pendulum theirs is the better one, and that preset
-    keeps RL Zoo's value (`common/presets.py`)."""
+    solved by all 16 seeds with either. On Pendulum the two are even within seed noise, and
+    that preset keeps RL Zoo's value (`common/presets.py`)."""
     max_grad_norm: float = 0.5
     """Global gradient-norm clip."""
     optimizer: Literal["rmsprop", "adam"] = "rmsprop"
