@@ -167,6 +167,12 @@ CATALOGUE = [
                                                                 "--discounting?"),
     ("ppo", ["--lambda", "0.9"], "did you mean --gae-lambda?"),
     ("impala", ["--lambda", "0.9"], "did you mean --vtrace-lambda?"),
+    # ... and where their value means something else here, says so (RMSprop's epsilon)
+    ("impala", ["--epsilon", "0.01"], "did you mean --opt-eps? (TorchBeast adds its epsilon "
+                                      "outside RMSprop's square root, as PyTorch; IMPALA's "
+                                      "--opt-eps goes inside it"),
+    ("a2c", ["--epsilon", "0.01"], "error: unknown flag --epsilon; did you mean --opt-eps? (see "
+                                   "--help)."),
     ("a2c", ["--anneal-lr", "maybe"], "error: --anneal-lr takes no value, got 'maybe': write "
                                       "--anneal-lr or --no-anneal-lr"),
     ("ppo", ["--no-norm-adv", "0"], "--no-norm-adv takes no value, got '0': write --norm-adv "

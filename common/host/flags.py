@@ -146,6 +146,14 @@ OTHER_NAMES = {
 order of preference) it is here: `--lr` is `--learning-rate`, not tyro's closest spelling
 `--anneal-lr`."""
 
+CAVEATS = {
+    name: ("rho_bar", f"{who} adds its epsilon outside RMSprop's square root, as PyTorch; "
+                      f"IMPALA's --opt-eps goes inside it, as the paper's TensorFlow")
+    for name, who in (("epsilon", "TorchBeast"), ("rms_prop_eps", "Stable-Baselines3"))
+}
+"""Other names whose value means something else in the algorithm that has the field given
+(IMPALA: `rho_bar`): said beside the suggestion. A2C's `--opt-eps` is PyTorch's."""
+
 
 def field_of(flag: str) -> str:
     """The field a flag names: `clip_coef` for `--clip-coef` (or `--clip-coef=0.2`)."""
@@ -197,9 +205,12 @@ def one_line(box: str, argv=(), known=()) -> str:
     unknown = re.findall(r"--[\w-]+", message) if message.startswith("unknown flag") else []
     ours = {flag: our for flag in unknown if (our := our_flag(flag, known))}
     if ours:
+        caveats = [CAVEATS[n][1] for n in dict.fromkeys(field_of(f).lower() for f in ours)
+                   if n in CAVEATS and CAVEATS[n][0] in known]
         return message + "; did you mean " + (
             next(iter(ours.values())) if len(unknown) == 1 else
-            ", ".join(f"{our} for {flag}" for flag, our in ours.items())) + "? (see --help)."
+            ", ".join(f"{our} for {flag}" for flag, our in ours.items())) + "? (" + "".join(
+            f"{c}; " for c in caveats) + "see --help)."
     if suggested:
         message += f"; did you mean {' or '.join(dict.fromkeys(suggested))}?"
     return message.rstrip(".") + " (see --help)."
