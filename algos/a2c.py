@@ -56,7 +56,8 @@ from common.distributed import pmean
 from common.envs import EnvSpec, check_env_id, make_env
 from common.gae import gae
 from common.nn import CORES, Conv, Dense, orthogonal
-from common.rollout import EnvState, Trajectory, finished_episode_stats, reset, rollout
+from common.rollout import (EnvState, Trajectory, finished_episode_stats, reset, rollout,
+                            steps_done)
 from common.validate import check_fields, require
 
 
@@ -470,7 +471,7 @@ def make_train(config: Config, live_progress: bool = False):
         # METRICS: one row per update
         ret_sum, len_sum, count = pmean(finished_episode_stats(traj))
         metrics = {
-            "global_step": (update + 1) * batch_size,
+            "global_step": steps_done(update, batch_size, num_updates),
             "episodic_return": ret_sum / count,
             "episodic_length": len_sum / count,
             "learning_rate": learning_rate(hp, update),

@@ -59,7 +59,7 @@ from common.distributed import pmean
 from common.envs import EnvSpec, check_env_id, make_env
 from common.minibatch import permutation
 from common.nn import CORES, Conv, Dense, orthogonal
-from common.rollout import EnvState, finished_episode_stats, reset, rollout
+from common.rollout import EnvState, finished_episode_stats, reset, rollout, steps_done
 from common.validate import check_fields, require
 from common.vtrace import vtrace
 
@@ -568,7 +568,7 @@ def make_train(config: Config, live_progress: bool = False):
         # METRICS: one row per update, losses averaged over the minibatches
         ret_sum, len_sum, count = pmean(finished_episode_stats(traj))
         metrics = {
-            "global_step": (update + 1) * batch_size,
+            "global_step": steps_done(update, batch_size, num_updates),
             "episodic_return": ret_sum / count,
             "episodic_length": len_sum / count,
             "learning_rate": learning_rate(hp, update),

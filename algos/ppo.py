@@ -48,7 +48,7 @@ from common.envs import EnvSpec, check_env_id, make_env
 from common.gae import gae
 from common.minibatch import flat_optimizer, sgd_scan, shuffled_minibatches
 from common.nn import CORES, Conv, Dense, orthogonal
-from common.rollout import EnvState, finished_episode_stats, reset, rollout
+from common.rollout import EnvState, finished_episode_stats, reset, rollout, steps_done
 from common.validate import check_fields, optional_positive, require
 
 
@@ -539,7 +539,7 @@ def make_train(config: Config, live_progress: bool = False):
         ret_sum, len_sum, count = pmean(finished_episode_stats(traj))
         losses = jax.tree.map(lambda x: (x.mean(-1) * ran).sum() / ran.sum(), info)
         metrics = {
-            "global_step": (update + 1) * batch_size,
+            "global_step": steps_done(update, batch_size, num_updates),
             "episodic_return": ret_sum / count,
             "episodic_length": len_sum / count,
             "learning_rate": learning_rate(hp, update),

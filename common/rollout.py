@@ -134,3 +134,14 @@ def finished_episode_stats(trajectory: Trajectory):
     return (jnp.sum(jnp.where(done, trajectory.episode_return, 0.0)),
             jnp.sum(jnp.where(done, trajectory.episode_length, 0)).astype(jnp.float32),
             jnp.sum(done).astype(jnp.float32))
+
+
+def steps_done(update, batch_size: int, num_updates: int):
+    """Environment steps taken once update number `update` (0, 1, ...) is done:
+    `(update + 1) * batch_size`, an int32 where the whole run's `num_updates * batch_size`
+    fits in one (JAX without x64 has no int64), else a float32 (exact up to 2^24, then to
+    float32's rounding), so that a run past 2^31 steps never counts negative steps."""
+    if num_updates * batch_size < 2**31:
+        return (update + 1) * batch_size
+    return (update + 1).astype(jnp.float32) * batch_size
+

@@ -246,6 +246,28 @@ def test_global_step_is_a_64_bit_count_on_the_host(tmp_path):
     assert rows["global_step"].tolist() == [[(2**14 - 1) * 2**20, 2**34]]  # past 2**31
 
 
+@pytest.mark.parametrize("algo", ["ppo", "a2c", "impala"])
+def test_the_python_api_counts_steps_past_2_31_without_wrapping(algo):
+    """Inside `train` JAX has no int64: a run of 2^32 steps counts them in float32, not in an
+    int32 that would turn negative (traced, not compiled); a shorter run keeps int32."""
+    import dataclasses
+    import importlib
+
+    import jax
+
+    from common.rollout import steps_done
+
+    module = importlib.import_module(f"algos.{algo}")
+    config = dataclasses.replace(module.Config(), total_timesteps=2**32)
+    shapes = jax.eval_shape(module.make_train(config), jax.random.PRNGKey(0))[1]
+    assert shapes["global_step"].dtype == np.float32
+    assert shapes["global_step"].shape == (config.num_updates,)
+    last = steps_done(np.int32(config.num_updates - 1), config.batch_size, config.num_updates)
+    total = config.num_updates * config.batch_size
+    assert total > 2**31 and float(last) == pytest.approx(total, rel=2**-24)  # float32
+    assert steps_done(np.int32(9), 512, 10).dtype == np.int32
+
+
 def test_the_summary_and_progress_say_n_a_where_there_is_no_figure():
     """A run in which no episode ended (a short Brax run, say) summarises its return as
     `n/a`, not `nan`; runs without one are counted apart from those with one; and the first
