@@ -10,9 +10,9 @@ For each (algorithm, seed count), on CartPole with that algorithm's defaults and
 `--total-timesteps` steps per seed, each in a fresh process, alternating (bare, cli, cli, bare,
 ...: a slow drift of the machine's speed weighs on both alike), `--repeats` times:
 
-- **bare**: `jit(shard_map(vmap(train)))` on the device layout the command line chooses for
-  the same flags (`common.host.flags.parse`, `setup_devices`, `Layout`), compiled once, then the
-  whole run timed;
+- **bare**: `vmap(train)` compiled as the command line compiles its chunks for the same flags
+  (`common.host.flags.parse`, `setup_devices`, `Layout.compile`: one program per device for
+  seeds on several devices), then the whole run timed in one call;
 - **cli**: `python algos/<algo>.py` with the same flags, a checkpoint after every chunk and
   TensorBoard on; its training SPS is the one its summary line reports (compilation excluded).
 
@@ -63,8 +63,8 @@ def bare(algo: str, args: list[str], chunk_loop: bool = False) -> dict:
     layout = Layout(run, config.num_envs, template)
     keys, hparams = layout.put(keys, layout.seeds), layout.put(hparams, layout.seeds)
     start = time.perf_counter()
-    program = layout.spread(jax.vmap(train), (layout.seeds, layout.seeds),
-                            (layout.state, layout.seeds)).lower(keys, hparams).compile()
+    program = layout.compile(jax.vmap(train), (layout.seeds, layout.seeds),
+                             (layout.state, layout.seeds), keys, hparams)
     compile_s = time.perf_counter() - start
     start = time.perf_counter()
     jax.block_until_ready(program(keys, hparams))

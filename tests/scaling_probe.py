@@ -2,11 +2,12 @@
 checks that need devices set before JAX starts.
 Prints `ok PART` for each part that passes and exits 0 when all do.
 
-    python tests/scaling_probe.py learn update gru api   # any of the four parts, in order
+    python tests/scaling_probe.py learn update gru api chunks   # any of the parts, in order
 
 `learn`: one `learn` step gives the same parameters on 1, 2 and 4 devices; `update`:
 data-parallel updates on 2 devices; `gru`: both with `--network gru` (learn on 4 devices);
-`api`: `parallel.spread_seeds` and `parallel.data_parallel` (PPO). The other parts cover
+`api`: `parallel.spread_seeds` and `parallel.data_parallel` (PPO); `chunks`: the command
+line's per-device chunk programs against one shard_map program (A2C). The other parts cover
 PPO, A2C and IMPALA.
 """
 
@@ -318,6 +319,44 @@ def check_python_api():
     print("python api: spread_seeds equals vmap on 2 devices; data_parallel runs", flush=True)
 
 
+def check_chunks_per_device():
+    """The command line's chunk program for 4 seeds on 4 devices (`Layout.compile`: one
+    program per device) gives what the one shard_map program over the mesh gives, chunk
+    after chunk, to float rounding (XLA optimises the two programs apart), as global arrays
+    laid out as that program's."""
+    from algos.a2c import Config, make_train
+    from common.host import cli
+    from common.host.devices import Layout
+
+    config, run = cli.parse("a2c", Config, ["--total-timesteps", "4000", "--num-seeds", "4",
+                                            "--num-devices", "4"])
+    train = make_train(config)
+    keys = np.stack([raw_key(i) for i in range(4)])
+    hps = jax.vmap(lambda _: config.hparams())(keys)
+    template = jax.eval_shape(jax.vmap(train.init), keys, hps)
+    layout = Layout(run, config.num_envs, template)
+    keys, hps = layout.put(keys, layout.seeds), layout.put(hps, layout.seeds)
+    state = layout.spread(jax.vmap(train.init), (layout.seeds, layout.seeds),
+                          layout.state)(keys, hps)
+    fn = jax.vmap(train.run_updates, in_axes=(0, 0, None))
+    specs = ((layout.state, layout.seeds, P()), (layout.state, layout.seeds))
+    shapes = (layout.shapes(template, layout.state), layout.shapes(hps, layout.seeds),
+              layout.shapes(np.arange(5), P()))
+    apart = layout.compile(fn, *specs, *shapes)
+    together = layout.spread(fn, *specs).lower(*shapes).compile()
+    assert not isinstance(apart, jax.stages.Compiled)  # seeds on 4 devices: one per device
+    a, b = state, state
+    for begin in (0, 5):
+        updates = layout.put(np.arange(begin, begin + 5, dtype=np.int32), P())
+        a, metrics_a = apart(a, hps, updates)
+        b, metrics_b = together(b, hps, updates)
+        for x, y in zip(jax.tree.leaves((a, metrics_a)), jax.tree.leaves((b, metrics_b)),
+                        strict=True):
+            assert x.shape == y.shape and x.sharding.is_equivalent_to(y.sharding, x.ndim)
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-6)
+    print("chunks: one program per device equals the shard_map program", flush=True)
+
+
 def check(part: str):
     """One part of the probe (`learn`, `update` and `gru` for all three algorithms)."""
     learn = {"ppo": check_learn_ppo, "a2c": check_learn_a2c, "impala": check_learn_impala}
@@ -337,6 +376,8 @@ def check(part: str):
             check_update(algo)
     elif part == "api":
         check_python_api()
+    elif part == "chunks":
+        check_chunks_per_device()
     else:
         raise ValueError(f"unknown part {part!r}")
 

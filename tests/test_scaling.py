@@ -81,13 +81,13 @@ def final_state(log_dir):
 
 
 # ------------------------------------------------------------------ one agent, data-parallel
-PARTS = ("learn", "update", "gru", "api")
+PARTS = ("learn", "update", "gru", "api", "chunks")
 
 
 @pytest.fixture(scope="module")
 def probe():
     """`scaling_probe.py` with all its parts in one process of 4 CPU devices (one start-up
-    and one import of JAX for the four tests below); its stdout and stderr."""
+    and one import of JAX for the five tests below); its stdout and stderr."""
     result = run([sys.executable, PROBE, *PARTS], 600)
     return result.stdout, result.stderr
 
@@ -116,6 +116,13 @@ def test_recurrent_learn_is_the_same_on_4_devices_and_data_parallel_runs_agree(p
 
 def test_python_api_spread_seeds_and_data_parallel(probe):
     probe_part(probe, "api")
+
+
+def test_seeds_on_several_devices_run_one_program_per_device_with_the_same_results(probe):
+    """The command line's chunks for seeds on several devices: one program per device,
+    called apart (no barrier between the devices at each chunk), what one program over the
+    mesh gives, to float rounding (`scaling_probe.py`)."""
+    probe_part(probe, "chunks")
 
 
 # ------------------------------------------------------------------ the command line

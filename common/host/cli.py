@@ -334,10 +334,10 @@ def compile_programs(s: Session):
     run, layout = s.run, s.layout
     chunk = chunk_size(s.config.num_updates, run.checkpoint_every, run.eval_every, s.first)
     state_shapes = layout.shapes(s.template, layout.state)
-    run_chunk = layout.spread(jax.vmap(s.train.run_updates, in_axes=(0, 0, None)),
-                              (layout.state, layout.seeds, P()), (layout.state, layout.seeds))
-    run_chunk = run_chunk.lower(state_shapes, layout.shapes(s.hparams, layout.seeds),
-                                layout.shapes(jnp.arange(chunk), P())).compile()
+    run_chunk = layout.compile(jax.vmap(s.train.run_updates, in_axes=(0, 0, None)),
+                               (layout.state, layout.seeds, P()), (layout.state, layout.seeds),
+                               state_shapes, layout.shapes(s.hparams, layout.seeds),
+                               layout.shapes(jnp.arange(chunk), P()))
     run_eval = None
     if run.eval_every:
         from common.envs import make_env

@@ -13,10 +13,11 @@ import os
 import sys
 import threading
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
 from common.distributed import DATA_AXIS, SEEDS_AXIS
 
@@ -141,6 +142,55 @@ class Layout:
         """`jit(shard_map(fn))` over the mesh."""
         return jax.jit(jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs,
                                      out_specs=out_specs, check_vma=False))
+
+    def compile(self, fn, in_specs, out_specs, *shapes):
+        """`spread(fn, in_specs, out_specs)` compiled for `shapes` (`shapes(...)` of each
+        argument): a function of global arrays laid out by `in_specs` that returns global
+        arrays laid out by `out_specs`, the same values.
+
+        Seeds split over several devices of this process run as one program per device, each
+        called on its own part: a program that spans several devices is one execution, which
+        starts only once every device's inputs are ready, so each call (a chunk of updates)
+        would end with the devices waiting for the slowest, and host work that slows one
+        device would hold up all. Apart, a device starts its next call as soon as its own part
+        of the last one is done. The programs compute what the shard_map's body computes on
+        each device (the runs of a seeds layout never communicate). Data-parallel runs, whose
+        devices average gradients at every step, compile one program over the mesh."""
+        local = [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
+        spread = self.spread(fn, in_specs, out_specs)
+        if self.axis != SEEDS_AXIS or len(local) < 2:
+            return spread.lower(*shapes).compile()
+        parts = self.num_devices
+
+        def on(device, tree, specs):  # one device's part of each argument's shape
+            return jax.tree.map(lambda x, spec: jax.ShapeDtypeStruct(
+                (x.shape[0] // parts,) + x.shape[1:] if spec == P(SEEDS_AXIS) else x.shape,
+                x.dtype, sharding=SingleDeviceSharding(device)), tree, specs)
+
+        def every_leaf(specs, tree):  # specs given for a prefix of `tree`, one per leaf
+            return jax.tree.map(lambda spec, sub: jax.tree.map(lambda _: spec, sub), specs,
+                                tree, is_leaf=lambda x: isinstance(x, P))
+
+        in_specs = every_leaf(tuple(in_specs), shapes)
+        lowered = [jax.jit(fn).lower(*on(d, shapes, in_specs)) for d in local]
+        with ThreadPoolExecutor(len(local)) as pool:  # XLA compiles outside the GIL
+            programs = dict(zip(local, pool.map(lambda low: low.compile(), lowered)))
+        out_specs = every_leaf(out_specs, jax.eval_shape(spread, *shapes))
+
+        def run(*args):
+            by_device = {d: [] for d in local}
+            flat_args, tree = jax.tree.flatten(args)
+            for x in flat_args:
+                for shard in x.addressable_shards:
+                    by_device[shard.device].append(shard.data)
+            outs = [jax.tree.leaves(programs[d](*jax.tree.unflatten(tree, by_device[d])))
+                    for d in local]
+            flat_specs, out_tree = jax.tree.flatten(out_specs)
+            return jax.tree.unflatten(out_tree, [jax.make_array_from_single_device_arrays(
+                (first.shape[0] * parts,) + first.shape[1:] if spec == P(SEEDS_AXIS)
+                else first.shape, NamedSharding(self.mesh, spec), [o[i] for o in outs])
+                for i, (first, spec) in enumerate(zip(outs[0], flat_specs))])
+        return run
 
     def put(self, tree, specs):
         """Host values (NumPy or single-device arrays) as global arrays laid out by `specs`;
