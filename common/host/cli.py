@@ -622,10 +622,11 @@ def chunk_size(num_updates: int, *boundaries: int, target_chunks: int = 20) -> i
     `boundaries` are the checkpoint and evaluation cadences and the update a run resumes from,
     so that each falls exactly on the end of a chunk. Of the divisors that give between a
     quarter of and four times `target_chunks` chunks, the one whose count is closest to it
-    (by ratio; a tie takes more chunks): 781 updates = 11 x 71 run as 11 chunks, not 71, which
-    would cost 9% of the speed of 8 IMPALA seeds on 2 devices, where every chunk is a barrier
-    between the devices. Without such a divisor, the largest that gives at least
-    `target_chunks` chunks (a prime length: single updates).
+    (by ratio; a tie takes more chunks): 781 updates = 11 x 71 run as 11 chunks, not 71,
+    which, where every chunk is a barrier between the devices (one program over several, as
+    data-parallel runs have), cost 8 IMPALA seeds on 2 devices 9% of their speed. Without
+    such a divisor, the largest that gives at least `target_chunks` chunks (a prime length:
+    single updates).
     """
     common = num_updates
     for b in boundaries:
