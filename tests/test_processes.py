@@ -17,11 +17,15 @@ from test_scaling import ROOT, SHORT, cli, env, final_state, free_port, hard_tim
 # ------------------------------------------------------------------ several processes
 @pytest.mark.parametrize("parallel", ["seeds", "data"])
 def test_two_processes_on_localhost(parallel, tmp_path):
-    p0, p1 = cli(SHORT + ["--parallel", parallel, "--num-seeds", "2"], processes=2, devices=1,
-                 log_dir=tmp_path)
+    """Seeds: 2 devices per process, so each process runs one program per device, its parts
+    of global arrays that span both processes; data: 1 device per process."""
+    devices = 2 if parallel == "seeds" else 1
+    p0, p1 = cli(SHORT + ["--parallel", parallel, "--num-seeds", str(2 * devices)],
+                 processes=2, devices=devices, log_dir=tmp_path)
     for r in (p0, p1):
         assert r.returncode == 0, r.stderr[-3000:]
-    assert f"on 2 device(s), parallel {parallel}, 2 processes" in p0.stdout, p0.stdout
+    assert f"on {2 * devices} device(s), parallel {parallel}, 2 processes" in p0.stdout, \
+        p0.stdout
     assert "done:" not in p1.stdout  # only process 0 logs and writes
     # Every process compared its devices' copies of the parameters with process 0's.
     assert "parameters identical on all 2 processes" in p0.stdout, p0.stdout
