@@ -146,7 +146,7 @@ class Layout:
     def compile(self, fn, in_specs, out_specs, *shapes):
         """`spread(fn, in_specs, out_specs)` compiled for `shapes` (`shapes(...)` of each
         argument): a function of global arrays laid out by `in_specs` that returns global
-        arrays laid out by `out_specs`, the same values.
+        arrays laid out by `out_specs`, the same values to float rounding.
 
         Seeds split over several devices of this process run as one program per device, each
         called on its own part: a program that spans several devices is one execution, which
@@ -154,12 +154,12 @@ class Layout:
         would end with the devices waiting for the slowest, and host work that slows one
         device would hold up all. Apart, a device starts its next call as soon as its own part
         of the last one is done. The programs compute what the shard_map's body computes on
-        each device (the runs of a seeds layout never communicate). Data-parallel runs, whose
+        each device (the runs of a seeds layout never communicate), each optimised by XLA on
+        its own. Data-parallel runs, whose
         devices average gradients at every step, compile one program over the mesh."""
         local = [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
-        spread = self.spread(fn, in_specs, out_specs)
         if self.axis != SEEDS_AXIS or len(local) < 2:
-            return spread.lower(*shapes).compile()
+            return self.spread(fn, in_specs, out_specs).lower(*shapes).compile()
         parts = self.num_devices
 
         def on(device, tree, specs):  # one device's part of each argument's shape
@@ -175,7 +175,7 @@ class Layout:
         lowered = [jax.jit(fn).lower(*on(d, shapes, in_specs)) for d in local]
         with ThreadPoolExecutor(len(local)) as pool:  # XLA compiles outside the GIL
             programs = dict(zip(local, pool.map(lambda low: low.compile(), lowered)))
-        out_specs = every_leaf(out_specs, jax.eval_shape(spread, *shapes))
+        out_specs = every_leaf(out_specs, lowered[0].out_info)
 
         def run(*args):
             by_device = {d: [] for d in local}
