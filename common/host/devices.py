@@ -175,7 +175,7 @@ class Layout:
         lowered = [jax.jit(fn).lower(*on(d, shapes, in_specs)) for d in local]
         with ThreadPoolExecutor(len(local)) as pool:  # XLA compiles outside the GIL
             programs = dict(zip(local, pool.map(lambda low: low.compile(), lowered)))
-        out_specs = every_leaf(out_specs, lowered[0].out_info)
+        flat_specs, out_tree = jax.tree.flatten(every_leaf(out_specs, lowered[0].out_info))
 
         def run(*args):
             by_device = {d: [] for d in local}
@@ -185,7 +185,6 @@ class Layout:
                     by_device[shard.device].append(shard.data)
             outs = [jax.tree.leaves(programs[d](*jax.tree.unflatten(tree, by_device[d])))
                     for d in local]
-            flat_specs, out_tree = jax.tree.flatten(out_specs)
             return jax.tree.unflatten(out_tree, [jax.make_array_from_single_device_arrays(
                 (first.shape[0] * parts,) + first.shape[1:] if spec == P(SEEDS_AXIS)
                 else first.shape, NamedSharding(self.mesh, spec), [o[i] for o in outs])
