@@ -182,7 +182,7 @@ CATALOGUE = [
     ("a2c", ["--num-envs"], "error: --num-envs needs a value (see --help)."),
     # --- checkpoints ---
     ("ppo", ["--resume", "{flipped}"], "'{flipped}' is corrupt: its contents do not match"),
-    ("a2c", ["--resume", "{old_format}"], "has checkpoint format 2; this code reads format 3"),
+    ("a2c", ["--resume", "{old_format}"], "has checkpoint format 2; this code reads formats 3, 4"),
     ("ppo", ["--resume", "{missing}"], "no checkpoint file at '{missing}'"),
     ("ppo", ["--resume", "{dir}"], "no checkpoint file at '{dir}/latest.msgpack'"),
     ("ppo", ["--resume", "{truncated}"], "'{truncated}' is not a readable checkpoint (corrupt"),

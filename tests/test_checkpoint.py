@@ -7,6 +7,7 @@ share one compiled chunk through the session's persistent compilation cache (con
 """
 
 import glob
+import hashlib
 import importlib
 import os
 import signal
@@ -19,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import serialization
 
 from algos.ppo import Config, main, make_train
 from common.host import checkpoint, cli, logger
@@ -240,6 +242,42 @@ def test_checkpoint_writes_are_atomic_and_leave_no_temporary_file(tmp_path, monk
     record = checkpoint.load(path)
     assert record["update"] == 3 and record["config"] == {"lr": 0.1}
     np.testing.assert_array_equal(record["train_state"]["w"], state["w"])
+
+
+def test_metric_rows_are_saved_chunk_by_chunk_and_format_3_files_still_load(tmp_path):
+    path = str(tmp_path / checkpoint.LATEST)
+    state = {"w": np.arange(6.0).reshape(2, 3)}
+    first = {"loss": np.ones((2, 3), np.float32), "eval_return": np.full((2, 3), 7.0)}
+    second = {"loss": np.zeros((2, 2), np.float32)}  # no evaluation in this chunk
+    rows = checkpoint.Rows([first])
+    blob = rows.blobs[0]
+    rows.append(second)
+    assert rows.blobs[0] is blob and len(rows) == 2  # a chunk is serialised once
+    fields = dict(algo="ppo", config={"lr": 0.1}, run={}, run_names=[], run_time=7,
+                  train_state=state)
+    checkpoint.save(path, update=5, metrics=rows, **fields)
+    metrics = checkpoint.load(path)["metrics"]
+    np.testing.assert_array_equal(metrics["loss"], [[1, 1, 1, 0, 0]] * 2)
+    np.testing.assert_array_equal(metrics["eval_return"], [[7, 7, 7, np.nan, np.nan]] * 2)
+    # One dict of rows is saved as one chunk, and loads the same.
+    checkpoint.save(path, update=5, metrics=metrics, **fields)
+    again = checkpoint.load(path)["metrics"]
+    for k in metrics:
+        np.testing.assert_array_equal(again[k], metrics[k])
+    # A file of the previous format (the metrics inside the payload, one checksum) loads.
+    record = {**fields, "update": 5, "versions": {}, "metrics": metrics}
+    payload = serialization.msgpack_serialize(record)
+    old = serialization.msgpack_serialize({"format_version": 3, "payload": payload,
+                                           "sha256": hashlib.sha256(payload).hexdigest()})
+    open(path, "wb").write(old)
+    loaded = checkpoint.load(path)
+    assert loaded["update"] == 5
+    np.testing.assert_array_equal(loaded["metrics"]["loss"], metrics["loss"])
+    bad = bytearray(old)
+    bad[-20] ^= 0x01
+    open(path, "wb").write(bytes(bad))
+    with pytest.raises(checkpoint.CheckpointError, match="is corrupt"):
+        checkpoint.load(path)
 
 
 def test_config_differences_name_each_field_with_both_values():

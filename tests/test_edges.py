@@ -71,7 +71,14 @@ def test_two_processes_started_together_get_two_directories(tmp_path):
 def test_every_corrupted_byte_is_refused_and_names_the_previous_checkpoint(tmp_path):
     path = str(tmp_path / checkpoint.LATEST)
     save_initial(path, "ppo")
+    record = checkpoint.load(path)  # the same, with two chunks of metric rows: every byte
+    rows = checkpoint.Rows([{"loss": np.ones((1, 3), np.float32)},
+                            {"loss": np.zeros((1, 2), np.float32)}])
+    checkpoint.save(path, **{k: record[k] for k in ("algo", "config", "run", "run_names",
+                                                    "update", "run_time", "train_state")},
+                    metrics=rows)
     good = open(path, "rb").read()
+    np.testing.assert_array_equal(checkpoint.load(path)["metrics"]["loss"], [[1, 1, 1, 0, 0]])
     previous = checkpoint.previous_path(path)
     refused = 0
     positions = sorted({*range(0, len(good), 37), *range(len(good) - 64, len(good))})

@@ -1,10 +1,11 @@
 """Checkpoints: the whole training state in one checksummed msgpack file, written atomically,
 with the previous one kept beside it.
 
-A checkpoint file is a msgpack map (`flax.serialization`) of three fields:
+A checkpoint file is a msgpack map (`flax.serialization`) of four fields:
 
     format_version  int, `FORMAT_VERSION`
-    sha256          hex SHA-256 of `payload`
+    sha256          hex SHA-256 of the SHA-256 digests of `payload` and of each of `metrics`,
+                    in order (a hash list)
     payload         the msgpack bytes of the record:
         algo            "ppo", "a2c" or "impala"
         config          the algorithm's Config as a dict (`dataclasses.asdict`)
@@ -16,9 +17,16 @@ A checkpoint file is a msgpack map (`flax.serialization`) of three fields:
         train_state     the vmapped TrainState as a state dict: parameters, optimiser state,
                         observation statistics, environment states, PRNG keys; leading axis
                         [num_seeds] on every array
-        metrics         metric name -> array [num_seeds, update], the rows so far
+    metrics         the metric rows so far, as a list of msgpack blobs, one per chunk of
+                    updates, each a map of metric name -> array [num_seeds, updates in it]
 
-A file whose payload does not match its checksum is refused, whatever byte changed: a flipped
+`load` returns the record with `metrics` joined into one array [num_seeds, update] per name.
+The rows are kept chunk by chunk so that a run checkpointing every chunk serialises and hashes
+each row once (`Rows`), not again at every checkpoint: the file still holds every row, but a
+checkpoint's cost grows with the new rows only. Format 3 files (one checksum over a payload
+that holds the metrics) are still read.
+
+A file whose contents do not match its checksum is refused, whatever byte changed: a flipped
 bit in a weight, in the optimiser state or in the metrics is found before anything is loaded.
 msgpack holds only maps, lists, numbers, strings and bytes, so loading a file can never run
 code (unlike pickle). The train state is rebuilt with `flax.serialization.from_state_dict`
@@ -45,13 +53,15 @@ import jax
 import numpy as np
 from flax import serialization
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
+READS = (3, 4)
+"""The formats `load` reads (format 3: the metrics inside the payload, one checksum)."""
 LATEST = "latest.msgpack"
 """File name of the checkpoint a run keeps up to date in its directory."""
 KEPT = 2
 """Checkpoints kept per run: the latest and the one before it (`previous_path`)."""
 RECORD_FIELDS = ("algo", "config", "run", "run_names", "update", "run_time", "versions",
-                 "train_state", "metrics")
+                 "train_state")
 _LIBRARIES = ("jax", "jaxlib", "flax", "optax", "distrax", "gymnax", "numpy")
 
 writing: set = set()
@@ -110,10 +120,33 @@ def check_writable(path: str):
                               f"{error.strerror or error}.") from None
 
 
+class Rows:
+    """A run's metric rows as checkpoints hold them: one msgpack blob per chunk of updates and
+    its SHA-256 digest, each computed once, when the chunk is appended."""
+
+    def __init__(self, chunks=()):
+        self.blobs, self.digests = [], []
+        for rows in chunks:
+            self.append(rows)
+
+    def append(self, rows: dict):
+        """Add a chunk: metric name -> array [num_seeds, updates in the chunk]."""
+        blob = serialization.msgpack_serialize({k: np.asarray(v) for k, v in rows.items()})
+        self.blobs.append(blob)
+        self.digests.append(hashlib.sha256(blob).digest())
+
+    def __len__(self) -> int:
+        return len(self.blobs)
+
+
 def save(path: str, *, algo: str, config: dict, run: dict, run_names: list, update: int,
-         run_time: int, train_state, metrics: dict, keep_previous: bool = True):
+         run_time: int, train_state, metrics, keep_previous: bool = True):
     """Write a checkpoint to `path` atomically (see the module docstring); with
-    `keep_previous`, the file already at `path` becomes `previous_path(path)` first."""
+    `keep_previous`, the file already at `path` becomes `previous_path(path)` first.
+
+    `metrics`: the rows so far, a `Rows` (kept by a caller that checkpoints as it goes) or one
+    dict of metric name -> array [num_seeds, update]."""
+    rows = metrics if isinstance(metrics, Rows) else Rows([metrics] if metrics else [])
     record = {
         "algo": algo,
         "config": config,
@@ -123,12 +156,12 @@ def save(path: str, *, algo: str, config: dict, run: dict, run_names: list, upda
         "run_time": int(run_time),
         "versions": library_versions(),
         "train_state": serialization.to_state_dict(jax.device_get(train_state)),
-        "metrics": {k: np.asarray(v) for k, v in metrics.items()},
     }
     payload = serialization.msgpack_serialize(record)
+    blobs, digests = list(rows.blobs), list(rows.digests)
     data = serialization.msgpack_serialize({"format_version": FORMAT_VERSION,
-                                            "sha256": hashlib.sha256(payload).hexdigest(),
-                                            "payload": payload})
+                                            "sha256": _checksum(payload, digests),
+                                            "payload": payload, "metrics": blobs})
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     if keep_previous and os.path.isfile(path):
@@ -139,6 +172,11 @@ def save(path: str, *, algo: str, config: dict, run: dict, run_names: list, upda
         os.fsync(dir_fd)  # make the renames themselves durable
     finally:
         os.close(dir_fd)
+
+
+def _checksum(payload: bytes, digests: list) -> str:
+    """The hash list: SHA-256 of the payload's digest followed by each metrics chunk's."""
+    return hashlib.sha256(hashlib.sha256(payload).digest() + b"".join(digests)).hexdigest()
 
 
 def _replace_atomically(path: str, make):
@@ -203,21 +241,51 @@ def _load(path: str) -> dict:
     if not data:
         raise CheckpointError(f"{path!r} is empty, not a checkpoint.")
     outer = _unpack(data, path)
+    foreign = CheckpointError(f"{path!r} is not a checkpoint of this project (missing fields).")
     if not isinstance(outer, dict) or "format_version" not in outer:
-        raise CheckpointError(f"{path!r} is not a checkpoint of this project (missing fields).")
-    if outer["format_version"] != FORMAT_VERSION:
-        raise CheckpointError(f"{path!r} has checkpoint format {outer['format_version']!r}; "
-                              f"this code reads format {FORMAT_VERSION}.")
-    payload = outer.get("payload")
-    if not isinstance(payload, bytes) or not isinstance(outer.get("sha256"), str):
-        raise CheckpointError(f"{path!r} is not a checkpoint of this project (missing fields).")
-    if hashlib.sha256(payload).hexdigest() != outer["sha256"]:
+        raise foreign
+    version = outer["format_version"]
+    if version not in READS:
+        raise CheckpointError(f"{path!r} has checkpoint format {version!r}; this code reads "
+                              f"formats {', '.join(map(str, READS))}.")
+    payload, blobs = outer.get("payload"), outer.get("metrics") if version == 4 else []
+    if not isinstance(payload, bytes) or not isinstance(outer.get("sha256"), str) or \
+            not isinstance(blobs, list) or not all(isinstance(b, bytes) for b in blobs):
+        raise foreign
+    digests = [hashlib.sha256(b).digest() for b in blobs]
+    expected = _checksum(payload, digests) if version == 4 else \
+        hashlib.sha256(payload).hexdigest()
+    if expected != outer["sha256"]:
         raise CheckpointError(f"{path!r} is corrupt: its contents do not match their "
                               "checksum.")
     record = _unpack(payload, path)
     if not isinstance(record, dict) or not set(RECORD_FIELDS) <= set(record):
-        raise CheckpointError(f"{path!r} is not a checkpoint of this project (missing fields).")
+        raise foreign
+    if version == 4:
+        chunks = [_unpack(b, path) for b in blobs]
+        try:
+            record["metrics"] = concat_rows(chunks)
+        except (ValueError, TypeError, AttributeError):
+            raise foreign from None
+    elif not isinstance(record.get("metrics"), dict):
+        raise foreign
     return record
+
+
+def concat_rows(chunks: list) -> dict:
+    """Join per-chunk metric dicts (name -> array [num_seeds, updates in the chunk]) along the
+    update axis; a metric missing from a chunk (an evaluation that did not run then) is NaN
+    there."""
+    if not chunks:
+        return {}
+    names = dict.fromkeys(k for r in chunks for k in r)
+
+    def column(r, k):
+        if k in r:
+            return np.asarray(r[k])
+        return np.full(np.shape(next(iter(r.values()))), np.nan, np.float32)
+
+    return {k: np.concatenate([column(r, k) for r in chunks], axis=1) for k in names}
 
 
 def _unpack(data: bytes, path: str):

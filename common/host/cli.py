@@ -106,6 +106,9 @@ class Session:
     path: str = ""
     """The checkpoint file."""
     rows: list = dataclasses.field(default_factory=list)
+    """The metric rows so far, one dict of arrays [num_seeds, chunk] per chunk."""
+    packed: checkpoint.Rows = dataclasses.field(default_factory=checkpoint.Rows)
+    """`rows` as checkpoints hold them, each chunk serialised once (on the writer thread)."""
     saved_update: int | None = None
     """The update of the last checkpoint queued for writing."""
     written_update: int | None = None
@@ -146,7 +149,7 @@ def train_and_log(algo: str, config, run: RunOptions, train):
     if session.first == config.num_updates:
         print(f"nothing to do: {session.path} is at update {session.first} of "
               f"{config.num_updates}, the end of the run")
-        return _concat(session.rows)
+        return checkpoint.concat_rows(session.rows)
     run_chunk, run_eval, chunk = compile_programs(session)
     session.compile_time = time.perf_counter() - start
     train_in_chunks(session, run_chunk, run_eval, chunk)
@@ -570,16 +573,19 @@ def save(s: Session, update: int):
 
 
 def write_checkpoint(s: Session, metrics: list, **record):
-    """On the writer thread: write the checkpoint (`metrics`: the chunks' rows so far), the
-    file it replaces kept as the previous one when this run wrote or verified it."""
-    checkpoint.save(s.path, keep_previous=s.latest_is_ours, metrics=_concat(metrics), **record)
+    """On the writer thread: write the checkpoint (`metrics`: the chunks' rows so far, those
+    not yet in `s.packed` serialised now), the file it replaces kept as the previous one when
+    this run wrote or verified it."""
+    for rows in metrics[len(s.packed):]:
+        s.packed.append(rows)
+    checkpoint.save(s.path, keep_previous=s.latest_is_ours, metrics=s.packed, **record)
     s.latest_is_ours, s.written_update = True, record["update"]
 
 
 def summarise(s: Session) -> dict:
     """Check the processes agree, print the one-line summary, return the metrics."""
     config, run = s.config, s.run
-    metrics = _concat(s.rows)
+    metrics = checkpoint.concat_rows(s.rows)
     if jax.process_count() > 1:
         same_everywhere(s.state.params, replicated=run.parallel == "data")
     steps = config.num_updates * config.batch_size
@@ -693,18 +699,3 @@ class Interrupt:
         for s, handler in self.previous.items():
             signal.signal(s, handler)
         self.previous = {}
-
-
-def _concat(rows: list) -> dict:
-    """Join per-chunk metric dicts along the update axis; a metric missing from a chunk (an
-    evaluation that did not run then) is NaN there."""
-    if not rows:
-        return {}
-    names = dict.fromkeys(k for r in rows for k in r)
-
-    def column(r, k):
-        if k in r:
-            return np.asarray(r[k])
-        return np.full(np.shape(next(iter(r.values()))), np.nan, np.float32)
-
-    return {k: np.concatenate([column(r, k) for r in rows], axis=1) for k in names}
