@@ -5,6 +5,7 @@ start-to-exit time of the default command goes.
     python benchmarks/cli_overhead.py --algos ppo --seeds 1 8 --repeats 3
     python benchmarks/cli_overhead.py --start-only          # the default PPO command, cold/warm
     python benchmarks/cli_overhead.py --algos ppo --seeds 8 --chunk-loop --no-start  # + chunks alone
+    python benchmarks/cli_overhead.py --checkpoint-cost --algos a2c --seeds 32 --total-timesteps 5e6
 
 For each (algorithm, seed count), on CartPole with that algorithm's defaults and
 `--total-timesteps` steps per seed, each in a fresh process, alternating (bare, cli, cli, bare,
@@ -20,7 +21,11 @@ The ratio is of the medians. The start-to-exit part runs `python algos/ppo.py --
 CartPole-v1` with an empty compilation cache (cold) and again with it filled (warm), and
 splits the time into compile and train (its summary line) and everything else; the pieces of
 everything else (interpreter start and exit, imports, environment set-up) are timed alone in a
-separate process. Raw rows:
+separate process. `--checkpoint-cost` times, instead, the checkpoints alone of one long run
+(its real train state, random metric rows; about 20 chunks, a checkpoint after each): CPU
+seconds per save with the rows kept chunk by chunk as the command line keeps them
+(`checkpoint.Rows`: each row serialised and hashed once) against all rows so far serialised
+and hashed again at every save. Raw rows:
 `benchmarks/results/cli_overhead.json` (with the commit; `--out` elsewhere).
 """
 
@@ -190,6 +195,53 @@ def start_to_exit(repeats: int) -> dict:
     return result
 
 
+def checkpoint_cost(algo: str, seeds: int, total_timesteps: int) -> dict:
+    """CPU seconds of a run's checkpoints (see the module docstring), both ways in turn."""
+    import importlib
+
+    import jax
+    import numpy as np
+
+    from common.host import checkpoint
+    from common.host.cli import chunk_size
+
+    module = importlib.import_module(f"algos.{algo}")
+    config = module.Config(env_id="CartPole-v1", total_timesteps=total_timesteps)
+    train = module.make_train(config)
+    keys = jax.random.split(jax.random.PRNGKey(0), seeds)
+    template = jax.eval_shape(jax.vmap(train.init), keys,
+                              jax.vmap(lambda _: config.hparams())(keys))
+    state = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), template)
+    chunk = chunk_size(config.num_updates)
+    rng = np.random.default_rng(0)
+    names = ("episodic_return", "episodic_length", "value_loss", "policy_loss", "entropy",
+             "explained_variance", "learning_rate")
+    chunks = [{**{k: rng.standard_normal((seeds, chunk)).astype(np.float32) for k in names},
+               "global_step": np.zeros((seeds, chunk), np.int64)}
+              for _ in range(config.num_updates // chunk)]
+    fields = dict(algo=algo, config={}, run={}, run_names=[], run_time=0, train_state=state)
+    result = {"algo": algo, "seeds": seeds, "updates": config.num_updates, "chunks": len(chunks)}
+    with tempfile.TemporaryDirectory() as directory:
+        checkpoint.save(os.path.join(directory, "warm-up"), update=0, metrics={}, **fields)
+        for way in ("rows_once", "all_rows_every_save"):
+            path, rows, cpu = os.path.join(directory, way, "latest.msgpack"), checkpoint.Rows(), []
+            for i, new in enumerate(chunks):
+                start = time.process_time()
+                if way == "rows_once":
+                    rows.append(new)
+                    metrics = rows
+                else:
+                    metrics = checkpoint.concat_rows(chunks[:i + 1])
+                checkpoint.save(path, update=(i + 1) * chunk, metrics=metrics, **fields)
+                cpu.append(time.process_time() - start)
+            result[way] = {"cpu_s": sum(cpu), "first_save_s": cpu[0], "last_save_s": cpu[-1],
+                           "file_mb": os.path.getsize(path) / 1e6}
+            print(f"{algo} {seeds} seeds x {config.num_updates:,} updates, {way}: "
+                  f"{len(chunks)} saves {sum(cpu):.2f} s CPU (first {cpu[0] * 1e3:.0f} ms, last "
+                  f"{cpu[-1] * 1e3:.0f} ms), file {result[way]['file_mb']:.0f} MB", flush=True)
+    return result
+
+
 def main():
     from common.host.options import whole_number
 
@@ -203,6 +255,8 @@ def main():
                         help="also time the compiled chunks back to back with no host work")
     parser.add_argument("--num-devices", help="passed on to the command line (0: all)")
     parser.add_argument("--no-start", action="store_true")
+    parser.add_argument("--checkpoint-cost", action="store_true",
+                        help="time the checkpoints of one long run instead (see above)")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results",
                                                       "cli_overhead.json"))
     parser.add_argument("--bare", help=argparse.SUPPRESS)
@@ -212,10 +266,13 @@ def main():
         return
     record = {"commit": source_commit(), "cpus": len(os.sched_getaffinity(0)),
               "total_timesteps": args.total_timesteps, "repeats": args.repeats}
-    if not args.start_only:
+    if args.checkpoint_cost:
+        record["checkpoint_cost"] = [checkpoint_cost(algo, n, args.total_timesteps)
+                                     for algo in args.algos for n in args.seeds]
+    elif not args.start_only:
         record["side_by_side"] = side_by_side(args.algos, args.seeds, args.total_timesteps,
                                               args.repeats, args.chunk_loop, args.num_devices)
-    if not args.no_start:
+    if not args.no_start and not args.checkpoint_cost:
         record["start_to_exit"] = start_to_exit(args.repeats)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
