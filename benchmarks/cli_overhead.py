@@ -209,15 +209,15 @@ def checkpoint_cost(algo: str, seeds: int, total_timesteps: int) -> dict:
     config = module.Config(env_id="CartPole-v1", total_timesteps=total_timesteps)
     train = module.make_train(config)
     keys = jax.random.split(jax.random.PRNGKey(0), seeds)
-    template = jax.eval_shape(jax.vmap(train.init), keys,
-                              jax.vmap(lambda _: config.hparams())(keys))
+    hparams = jax.vmap(lambda _: config.hparams())(keys)
+    template = jax.eval_shape(jax.vmap(train.init), keys, hparams)
     state = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), template)
     chunk = chunk_size(config.num_updates)
-    rng = np.random.default_rng(0)
-    names = ("episodic_return", "episodic_length", "value_loss", "policy_loss", "entropy",
-             "explained_variance", "learning_rate")
-    chunks = [{**{k: rng.standard_normal((seeds, chunk)).astype(np.float32) for k in names},
-               "global_step": np.zeros((seeds, chunk), np.int64)}
+    _, shapes = jax.eval_shape(jax.vmap(train.run_updates, in_axes=(0, 0, None)), template,
+                               hparams, jax.ShapeDtypeStruct((chunk,), np.int32))
+    shapes["global_step"] = jax.ShapeDtypeStruct((seeds, chunk), np.int64)  # as the host's
+    rng = np.random.default_rng(0)  # the algorithm's metric rows, random values
+    chunks = [{k: rng.standard_normal(x.shape).astype(x.dtype) for k, x in shapes.items()}
               for _ in range(config.num_updates // chunk)]
     fields = dict(algo=algo, config={}, run={}, run_names=[], run_time=0, train_state=state)
     result = {"algo": algo, "seeds": seeds, "updates": config.num_updates, "chunks": len(chunks)}
