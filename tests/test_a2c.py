@@ -69,14 +69,25 @@ LOG_PROB = [[-0.1, -0.7], [-1.2, -0.3], [-0.5, -2.0]]
 ENTROPY = [[0.6, 0.5], [0.4, 0.69], [0.3, 0.2]]
 
 
-@pytest.mark.parametrize("norm_adv", [False, True])
-@pytest.mark.parametrize("jit", [False, True])
-def test_loss_with_lambda_one_matches_hand_computed_n_step_advantage(norm_adv, jit):
+@pytest.mark.parametrize("norm_adv,jit,lam", [(False, False, 1.0), (True, False, 1.0),
+                                               (False, True, 1.0), (True, True, 1.0),
+                                               (False, True, 0.9), (True, True, 0.9)])
+def test_loss_matches_hand_computed_n_step_and_gae_advantages(norm_adv, jit, lam):
+    """lambda = 1: A2C's n-step advantage, returns written out by hand; lambda < 1: GAE's,
+    from the NumPy loop of `tests/test_gae.py`."""
+    from test_gae import gae_reference
+
     ent_coef, vf_coef = 0.01, 0.5
     col = lambda name, j: [row[j] for row in ROLLOUT[name]]  # noqa: E731
     R = np.array([n_step_returns(col("r_t", j), col("v_tp1", j), col("terminated_t", j),
                                  col("truncated_t", j), GAMMA) for j in range(2)]).T
     np.testing.assert_allclose(R, [[2.8, 5.0], [2.0, 1.52], [3.36, 2.8]], rtol=1e-12)
+    if lam < 1.0:
+        lambda_returns = np.array([gae_reference(
+            col("r_t", j), col("v_t", j), col("v_tp1", j), col("terminated_t", j),
+            col("truncated_t", j), GAMMA, lam)[1] for j in range(2)]).T
+        assert np.abs(lambda_returns - R).max() > 0.1  # lambda matters on this rollout
+        R = lambda_returns
     V, logp, H = (np.array(x) for x in (ROLLOUT["v_t"], LOG_PROB, ENTROPY))
     A = R - V
     A_used = (A - A.mean()) / (A.std() + 1e-8) if norm_adv else A
@@ -90,7 +101,7 @@ def test_loss_with_lambda_one_matches_hand_computed_n_step_advantage(norm_adv, j
     def loss(log_prob, v_t):
         data = {k: jnp.asarray(v) for k, v in ROLLOUT.items() if k != "v_t"}
         return a2c_loss(log_prob, jnp.asarray(ENTROPY), v_t, **data, gamma=GAMMA,
-                        gae_lambda=1.0, ent_coef=ent_coef, vf_coef=vf_coef, norm_adv=norm_adv)
+                        gae_lambda=lam, ent_coef=ent_coef, vf_coef=vf_coef, norm_adv=norm_adv)
 
     fn = jax.jit(loss) if jit else loss
     args = (jnp.asarray(LOG_PROB, jnp.float32), jnp.asarray(V, jnp.float32))
@@ -122,11 +133,12 @@ def test_config_rejects_bad_values_naming_the_flag(overrides, flag):
         Config(**overrides)
 
 
-def test_cli_unknown_optimizer_is_refused():
-    # tyro checks the Literal choices itself (its own message, exit 2).
+def test_cli_unknown_optimizer_is_refused(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--optimizer", "sgd"])
     assert exit_info.value.code == 2
+    assert "error: --optimizer: expected one of rmsprop, adam, got 'sgd'" in \
+        capsys.readouterr().err
 
 
 def test_hparams_are_float32_scalars():

@@ -4,9 +4,9 @@ The `make_train` contract: one row of metrics per update, the same key giving th
 a vmapped seed equal to the same seed run alone, a swept hyperparameter equal to the same value
 set in the config, chunked updates equal to one call (a vmapped seed and chunked updates also
 with a recurrent network), progress printed from inside `jit` under `vmap`; learning on a
-small CartPole budget; and the command line: a smoke run and bad input refused from a real
-process without a traceback. Each algorithm's own file tests what only it
-has (its loss by hand, IMPALA's actor lag, PPO's annealed step).
+small CartPole budget; and a smoke run of the command line from a real process (bad input
+from a real process: `tests/test_bad_input.py`). Each algorithm's own file tests what only
+it has (its loss by hand, IMPALA's actor lag, PPO's annealed step).
 
 The tiny runs are compiled once per test process (`helpers.tiny_run`).
 """
@@ -191,8 +191,9 @@ LEARNS = {  # overrides, keys, first updates, their mean below, final mean above
     # measured: first 5 updates' mean about 25, final 269, 256, 239, 255
     "ppo": (dict(total_timesteps=100_000), jax.random.split(jax.random.PRNGKey(0), 4),
             5, 40, 150, 80),
-    # measured: first-10% mean about 24, final about 334 (per seed 430, 385, 52, 469)
-    "a2c": (dict(total_timesteps=40_000), seed_keys(0, 4), 50, 50, 100, -np.inf),
+    # measured: first 50 updates' mean about 23, final per seed 430, 385, 52, 469 (random
+    # policy: 22; the slowest seed has begun to learn)
+    "a2c": (dict(total_timesteps=40_000), seed_keys(0, 4), 50, 50, 150, 35),
     # default actor_lag = 1: the lagged actors still learn. Measured: first updates about 21,
     # final 387, 406, 249, 372; a run that does not learn stays near 20
     "impala": (dict(total_timesteps=200_000), jax.random.split(jax.random.PRNGKey(0), 4),
@@ -251,23 +252,10 @@ def test_cli_trains_logs_evaluates_and_summarises(algo, tmp_path):
         assert any(name.startswith(program) for name in cached), (program, cached)
 
 
-BAD = {"ppo": (["--env-id", "Pong"], ["unknown environment id 'Pong'", "Pong-misc"]),
-       "a2c": (["--num-envs", "0"], ["--num-envs must be a positive integer, got 0."]),
-       "impala": (["--actor-lag", "-1"], ["--actor-lag must be >= 0, got -1."])}
-
-
 @pytest.mark.parametrize("algo", ALGOS)
-def test_cli_bad_input_is_one_line_without_traceback(algo):
-    args, parts = BAD[algo]
-    result = run_cli(algo, args)
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    (line,) = result.stderr.strip().splitlines()
-    assert line.startswith("error: ") and all(p in line for p in parts), line
-
-
-@pytest.mark.parametrize("algo", ALGOS)
-def test_every_algorithm_trains_on_a_velocity_hidden_task(algo):
+def test_every_algorithm_runs_on_a_velocity_hidden_task(algo):
+    """Two of the four observation entries reach the policy. (That a recurrent policy learns
+    such a task is a longer run: `docs/results.md`.)"""
     tiny = tiny_run(algo)
     config = dataclasses.replace(tiny.config, env_id="MaskedCartPole-v1")
     state, metrics = jax.jit(tiny.module.make_train(config))(tiny.keys[0])

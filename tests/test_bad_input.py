@@ -235,17 +235,25 @@ def test_bad_input_is_one_clear_line_and_exit_2(name, argv, message, files, caps
     assert len(err.splitlines()) == 1, err
 
 
-@pytest.mark.parametrize("command", [["algos/a2c.py", "--resume", "{corrupt}"],
-                                     ["algos/ppo.py", "--resume", "{flipped}"],
-                                     ["algos/impala.py", "--hidden-size", "60000"],
-                                     ["algos/ppo.py", "--num-envs", "abc"],
-                                     ["-m", "algos.evaluate", "{missing}"]])
-def test_bad_checkpoint_from_a_real_process_has_no_traceback(command, files):
+@pytest.mark.parametrize("command,message", [
+    (["algos/ppo.py", "--env-id", "Pong"], "unknown environment id 'Pong'. Did you mean"),
+    (["algos/a2c.py", "--num-envs", "0"], "--num-envs must be a positive integer, got 0."),
+    (["algos/impala.py", "--actor-lag", "-1"], "--actor-lag must be >= 0, got -1."),
+    (["algos/a2c.py", "--resume", "{corrupt}"], "'{corrupt}' is not a readable checkpoint"),
+    (["algos/ppo.py", "--resume", "{flipped}"], "'{flipped}' is corrupt: its contents do not"),
+    (["algos/impala.py", "--hidden-size", "60000"], "does not fit in memory"),
+    (["algos/ppo.py", "--num-envs", "abc"], "error: --num-envs: expected an integer"),
+    (["-m", "algos.evaluate", "{missing}"], "no checkpoint file at '{missing}'"),
+], ids=["env-id", "num-envs", "actor-lag", "corrupt", "flipped", "memory", "abc", "missing"])
+def test_bad_input_from_a_real_process_is_one_line_without_traceback(command, message, files):
+    """The catalogue's refusals as a user meets them: a fresh process of each entry point,
+    exit 2, one `error:` line on stderr that says what is wrong, and no traceback."""
     result = subprocess.run([sys.executable, *[a.format(**files) for a in command]], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2
+    assert result.returncode == 2, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert message.format(**files) in lines[0], lines[0]
 
 
 @pytest.mark.parametrize("algo", ["ppo", "a2c", "impala"])

@@ -15,7 +15,7 @@ from benchmarks.configs import summary_figures
 from benchmarks.learning import cell_config
 from common.host.cli import final_return_text
 from common.host.logger import seed_keys
-from tests.helpers import tiny_run
+from helpers import tiny_run
 
 
 def test_a_sweep_runs_every_grid_point_with_the_same_seeds_in_order():

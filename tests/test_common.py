@@ -63,7 +63,7 @@ def test_rollout_keeps_truncation_apart_and_records_final_observation():
         np.testing.assert_array_equal(traj.episode_length[t], 5)
         # The next observation of a truncated step is the true final state, not the reset one.
         assert not np.allclose(traj.next_obs[t], traj.obs[t + 1])
-        # ...and it is what the environment really reached: replay step t with gymnax itself.
+        # (that it is the state the environment really reached: the next test replays it)
     for t in range(11):
         if t not in done_steps:
             np.testing.assert_array_equal(traj.next_obs[t], traj.obs[t + 1])
@@ -169,6 +169,19 @@ def test_pmean_is_a_noop_without_a_bound_axis_and_averages_with_one():
 
 
 # ------------------------------------------------------------------ init
+def qr_operand_shapes(jaxpr) -> list:
+    """The operand shapes of every QR decomposition in `jaxpr`, nested programs included."""
+    shapes = []
+    for eqn in jaxpr.eqns:
+        if "qr" in eqn.primitive.name:
+            shapes += [v.aval.shape for v in eqn.invars]
+        for param in eqn.params.values():
+            inner = getattr(param, "jaxpr", None)
+            if inner is not None:
+                shapes += qr_operand_shapes(getattr(inner, "jaxpr", inner))
+    return shapes
+
+
 def test_orthogonal_equals_flax_and_vmaps_sequentially():
     key = jax.random.PRNGKey(3)
     ours = orthogonal(np.sqrt(2))(key, (64, 64))
@@ -178,11 +191,18 @@ def test_orthogonal_equals_flax_and_vmaps_sequentially():
     batched = jax.vmap(lambda k: orthogonal(1.0)(k, (8, 8)))(keys)
     for i in range(3):
         np.testing.assert_allclose(batched[i], orthogonal(1.0)(keys[i], (8, 8)), rtol=1e-6)
+    # Under vmap: one 8 x 8 QR per seed in a loop, never flax's batched QR of [3, 8, 8] (the
+    # jaxlib 0.10 deadlock below).
+    def vmapped(init):
+        return jax.make_jaxpr(jax.vmap(lambda k: init(k, (8, 8))))(keys).jaxpr
+
+    assert qr_operand_shapes(vmapped(orthogonal(1.0))) == [(8, 8)]
+    assert (3, 8, 8) in qr_operand_shapes(vmapped(jax.nn.initializers.orthogonal(1.0)))
 
 
 # ------------------------------------------------------------------ the jaxlib 0.10 deadlock
 def test_vmapped_network_init_under_pmap_does_not_deadlock():
-    """Regression test for the batched-QR deadlock of jaxlib 0.10.x (see common/init.py).
+    """Regression test for the batched-QR deadlock of jaxlib 0.10.x (see `common.nn.orthogonal`).
 
     `tests/hang_probe.py --flax-orthogonal` (flax's own initialiser) hangs here, at 0% CPU;
     with `common.nn.orthogonal` the same probe finishes in seconds."""
@@ -517,6 +537,7 @@ def test_normalize_rewards_matches_gyms_wrapper_written_out():
     rng = np.random.default_rng(3)
     reward = rng.normal(5.0, 3.0, (40, 6)).astype(np.float32)
     done = rng.random((40, 6)) < 0.1
+    done[-1] = [True, True, True, False, False, False]  # some episodes end at the last step
     g0 = rng.normal(0, 10, 6).astype(np.float32)
     stats, g, scaled = jax.jit(normalize.normalize_rewards, static_argnames="axis_name")(
         normalize.init(()), jnp.asarray(g0), jnp.asarray(reward), jnp.asarray(done), 0.99)
@@ -526,7 +547,8 @@ def test_normalize_rewards_matches_gyms_wrapper_written_out():
     np.testing.assert_allclose(stats.var, ref_var, rtol=1e-5)
     assert not np.allclose(scaled, reward)  # it did scale
     # A returned G of 0 where the last step ended an episode: the next rollout starts afresh.
-    assert np.all(np.asarray(g)[done[-1]] == 0.0)
+    np.testing.assert_array_equal(np.asarray(g)[:3], 0.0)
+    assert (np.abs(np.asarray(g)[3:]) > 1.0).all()  # the others carry their return on
     with pytest.raises(ValueError, match="must be \\[T, num_envs\\]"):
         normalize.normalize_rewards(normalize.init(()), jnp.zeros(5), jnp.zeros((3, 6)),
                                     jnp.zeros((3, 6), bool), 0.99)

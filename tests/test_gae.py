@@ -63,6 +63,7 @@ def test_batched_equals_per_column_reference_and_vmap():
     batch_major = {k: np.moveaxis(v, 1, 0) for k, v in d.items()}
     vadv, vret = jax.vmap(lambda *a: gae(*a, 0.97, 0.9))(*batch_major.values())
     np.testing.assert_allclose(np.moveaxis(np.asarray(vadv), 0, 1), adv, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.moveaxis(np.asarray(vret), 0, 1), ret, rtol=1e-6, atol=1e-6)
 
 
 def test_traced_gamma_and_lambda_under_jit_and_vmap():
@@ -106,9 +107,11 @@ def test_truncation_bootstraps_but_termination_does_not():
     np.testing.assert_allclose(adv_term, [1.0])
 
 
-def test_no_gradient_flows_through_outputs():
+@pytest.mark.parametrize("output", [0, 1], ids=["advantages", "returns"])
+@pytest.mark.parametrize("wrt", ["values", "rewards", "next_values"])
+def test_no_gradient_flows_through_outputs(output, wrt):
     d = random_trajectory(5, T=8)
-    grad = jax.grad(lambda v: call({**d, "values": v}, 0.99, 0.95)[1].sum())(d["values"])
+    grad = jax.grad(lambda x: call({**d, wrt: x}, 0.99, 0.95)[output].sum())(d[wrt])
     np.testing.assert_array_equal(grad, 0.0)
 
 

@@ -63,11 +63,15 @@ def test_actors_use_the_learners_parameters_from_actor_lag_updates_ago():
     np.testing.assert_allclose(synced["mean_clipped_rho"], 1.0, atol=1e-6)
 
 
-def test_the_lag_queue_and_the_clipped_ratios_have_their_shapes_and_bounds():
+def test_the_lag_queue_has_its_shape_and_the_ratios_are_1_on_policy_and_move_with_the_lag():
     state, metrics = tiny_run("impala").result
     assert kernel(state.past_params).shape == (3, LAG) + kernel(state.params).shape[1:]
-    assert (metrics["rho_clip_fraction"] >= 0).all() and (metrics["rho_clip_fraction"] <= 1).all()
-    assert (metrics["mean_clipped_rho"] > 0).all() and (metrics["mean_clipped_rho"] <= 1).all()
+    # Update 0: the actors' parameters are the learner's (both initial), so every rho is 1.
+    np.testing.assert_allclose(metrics["mean_clipped_rho"][:, 0], 1.0, atol=1e-6)
+    np.testing.assert_array_equal(metrics["rho_clip_fraction"][:, 0], 0.0)
+    # Later the actors lag behind the learner: ratios move both ways, some above rho_bar.
+    assert (metrics["rho_clip_fraction"][:, 1:] > 0).all(), metrics["rho_clip_fraction"]
+    assert (metrics["mean_clipped_rho"][:, 1:] < 1.0 - 1e-4).all(), metrics["mean_clipped_rho"]
 
 
 def test_other_branches_run():
@@ -95,19 +99,31 @@ def test_config_rejects_bad_values(field, value, message):
         Config(**{field: value})
 
 
+TRACE_SETTINGS = {  # the paper's V-Trace, and every threshold and lambda set apart
+    "paper": dict(vtrace_lambda=1.0, rho_bar=1.0, c_bar=1.0, pg_rho_bar=1.0),
+    "apart": dict(vtrace_lambda=0.9, rho_bar=1.5, c_bar=0.8, pg_rho_bar=1.2),
+}
+
+
+@pytest.mark.parametrize("trace", TRACE_SETTINGS)
 @pytest.mark.parametrize("correction", [True, False])
-def test_impala_loss_matches_a_hand_computation_with_clipped_and_unclipped_ratios(correction):
-    """Two trajectories of three steps: rho = 2 (clipped to rho_bar = 1 and pg_rho_bar = 1) and
-    0.5 (not clipped), a termination and a truncation; V-Trace from the NumPy loop of
-    `tests/test_vtrace.py`, the loss written out, and its gradients: -A/n for log pi (A and vs
-    are targets) and vf_coef (V - vs)/n for V."""
+def test_impala_loss_matches_a_hand_computation_with_clipped_and_unclipped_ratios(correction,
+                                                                                  trace):
+    """Two trajectories of three steps: rho = 2 (clipped by every threshold), 1.3 (between
+    pg_rho_bar and rho_bar in the `apart` setting), 0.8 and 0.5 (clipped by none), a
+    termination and a truncation; V-Trace from the NumPy loop of `tests/test_vtrace.py` with
+    the same lambda and thresholds, the loss written out, and its gradients: -A/n for log pi
+    (A and vs are targets) and vf_coef (V - vs)/n for V."""
     from test_vtrace import vtrace_reference
 
     from algos.impala import Transition, impala_loss
 
     gamma, ent_coef, vf_coef, kl_coef = 0.9, 0.01, 0.5, 0.1
+    settings = TRACE_SETTINGS[trace]
+    lam, rho_bar, c_bar, pg_rho_bar = (settings[k] for k in
+                                       ("vtrace_lambda", "rho_bar", "c_bar", "pg_rho_bar"))
     log_prob = np.array([[-0.2, -1.0], [-1.5, -0.3], [-0.7, -0.9]])  # [T, B]
-    rho = np.array([[2.0, 0.5], [0.5, 2.0], [1.0, 0.8]])
+    rho = np.array([[2.0, 0.5], [0.5, 2.0], [1.3, 0.8]])
     behaviour = log_prob - np.log(rho)
     r = np.array([[1.0, 0.0], [0.0, 1.0], [2.0, -1.0]])
     v = np.array([[0.5, 0.1], [0.2, 0.4], [1.0, -0.2]])
@@ -117,15 +133,15 @@ def test_impala_loss_matches_a_hand_computation_with_clipped_and_unclipped_ratio
     entropy = np.array([[0.6, 0.5], [0.4, 0.3], [0.2, 0.1]])
     log_rho = np.log(rho) if correction else np.zeros_like(rho)
     vs, adv = np.stack([np.stack(vtrace_reference(
-        log_rho[:, b], r[:, b], v[:, b], v_tp1[:, b], terminated[:, b], truncated[:, b], gamma))
-        for b in range(2)], axis=-1)
+        log_rho[:, b], r[:, b], v[:, b], v_tp1[:, b], terminated[:, b], truncated[:, b], gamma,
+        lam, rho_bar, c_bar, pg_rho_bar)) for b in range(2)], axis=-1)
     n = r.size
     k3 = rho - 1 - np.log(rho)
     expected = dict(policy_loss=-np.sum(adv * log_prob) / n,
                     value_loss=0.5 * np.sum((vs - v) ** 2) / n, entropy=entropy.mean(),
                     approx_kl=k3.mean(), explained_variance=1 - np.var(vs - v) / np.var(vs),
-                    mean_clipped_rho=np.minimum(1.0, rho).mean(),
-                    rho_clip_fraction=np.mean(rho > 1.0))
+                    mean_clipped_rho=np.minimum(rho_bar, rho).mean(),
+                    rho_clip_fraction=np.mean(rho > rho_bar))
     loss_expected = expected["policy_loss"] + vf_coef * expected["value_loss"] \
         - ent_coef * expected["entropy"] + kl_coef * expected["approx_kl"]
 
@@ -133,7 +149,8 @@ def test_impala_loss_matches_a_hand_computation_with_clipped_and_unclipped_ratio
     batch = Transition(f32(np.zeros((3, 2, 4))), jnp.zeros((3, 2), jnp.int32), f32(r),
                        jnp.asarray(terminated), jnp.asarray(truncated),
                        f32(np.zeros((3, 2, 4))), f32(behaviour))
-    hp = Config(gamma=gamma, ent_coef=ent_coef, vf_coef=vf_coef, kl_coef=kl_coef).hparams()
+    hp = Config(gamma=gamma, ent_coef=ent_coef, vf_coef=vf_coef, kl_coef=kl_coef,
+                **settings).hparams()
     loss_fn = jax.jit(lambda lp, val, hp: impala_loss(lp, f32(entropy), val, f32(v_tp1), batch,
                                                       hp, vtrace_correction=correction))
     loss, info = loss_fn(f32(log_prob), f32(v), hp)

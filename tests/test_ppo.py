@@ -50,7 +50,9 @@ def test_learn_steps_at_the_learning_rate_of_the_update_it_is_given():
     assert np.abs(quarter - first).max() > 100 * 1e-7  # (a wrong rate would fail above)
 
 
-def test_continuous_actions_normalisation_and_kl_stop_run():
+def test_continuous_actions_normalisation_and_kl_stop_train_end_to_end():
+    """A smoke run of the whole program with these options (the KL stop's effect is checked
+    on `learn` below)."""
     config = Config(env_id="Pendulum-v1", total_timesteps=2048, num_envs=4, num_steps=64,
                     num_minibatches=2, update_epochs=4, normalize_obs=True, target_kl=1e-4,
                     clip_vloss=False, anneal_lr=False)
@@ -124,9 +126,11 @@ def test_ppo_loss_matches_a_hand_computation_on_every_clipping_branch(norm_adv, 
                                atol=1e-6)
 
 
-def test_learn_is_plain_minibatch_sgd_with_optax_on_the_parameter_tree():
+def test_learn_is_plain_minibatch_sgd_with_optax_and_a_kl_stop_keeps_the_epochs_before_it():
     """`learn`'s packed loop and flattened Adam (speed only) give what plain optax on the
-    parameter tree gives: two epochs of two minibatches, replayed here with `lax.scan`."""
+    parameter tree gives: two epochs of two minibatches, replayed here with `lax.scan`. With a
+    `target_kl` the first epoch exceeds, the second epoch does not run: the parameters are
+    those of the first epoch alone and `ran` says so."""
     import optax
 
     from algos.ppo import ActorCritic, ppo_loss
@@ -134,18 +138,19 @@ def test_learn_is_plain_minibatch_sgd_with_optax_on_the_parameter_tree():
     from common.minibatch import shuffled_minibatches
 
     config = dataclasses.replace(TINY, num_minibatches=2, update_epochs=2, anneal_lr=False)
-    train = make_train(config)
-    state = jax.jit(train.init)(jax.random.PRNGKey(0))
+    state = jax.jit(make_train(config).init)(jax.random.PRNGKey(0))
     data = random_batch(config.batch_size)
     key = jax.random.PRNGKey(2)
-    params, opt_state, _, _ = jax.jit(train.learn, static_argnums=4)(
-        state, config.hparams(), data, key, 0)
+
+    def learn(target_kl):
+        train = make_train(dataclasses.replace(config, target_kl=target_kl))
+        return jax.jit(train.learn, static_argnums=4)(state, config.hparams(), data, key, 0)
 
     network = ActorCritic(make_env("CartPole-v1")[2])
     optimizer = optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
                             optax.adam(config.learning_rate, eps=config.opt_eps))
 
-    def reference(params):
+    def reference(params, epochs: int):
         def step(carry, batch):
             p, s = carry
 
@@ -159,12 +164,18 @@ def test_learn_is_plain_minibatch_sgd_with_optax_on_the_parameter_tree():
             return (optax.apply_updates(p, updates), s), None
 
         s = optimizer.init(params)
-        for epoch_key in jax.random.split(key, config.update_epochs):
+        for epoch_key in jax.random.split(key, config.update_epochs)[:epochs]:
             batches = shuffled_minibatches(epoch_key, data, config.num_minibatches)
             (params, s), _ = jax.lax.scan(step, (params, s), batches)
         return params
 
-    want = jax.jit(reference)(state.params)
-    for g, w in zip(jax.tree.leaves(params), jax.tree.leaves(want)):
-        np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6)
-    assert not np.allclose(jax.tree.leaves(params)[0], jax.tree.leaves(state.params)[0])
+    for target_kl, epochs in ((None, 2), (1e-9, 1)):
+        params, _, info, ran = learn(target_kl)
+        np.testing.assert_array_equal(ran, [1.0] * epochs + [0.0] * (2 - epochs))
+        want = jax.jit(reference, static_argnums=1)(state.params, epochs)
+        for g, w in zip(jax.tree.leaves(params), jax.tree.leaves(want)):
+            np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6, err_msg=str(target_kl))
+        assert not np.allclose(jax.tree.leaves(params)[0], jax.tree.leaves(state.params)[0])
+    assert float(info.approx_kl[0, -1]) > 1e-9  # the first epoch's last minibatch stopped it
+    one, two = (jax.jit(reference, static_argnums=1)(state.params, n) for n in (1, 2))
+    assert not np.allclose(jax.tree.leaves(one)[0], jax.tree.leaves(two)[0])
