@@ -17,7 +17,7 @@ For each (algorithm, seed count), on CartPole with that algorithm's defaults and
 - **cli**: `python algos/<algo>.py` with the same flags, a checkpoint after every chunk and
   TensorBoard on; its training SPS is the one its summary line reports (compilation excluded).
 
-The ratio is of the medians. The start-to-exit part runs `python algos/ppo.py --env-id
+The ratio is of the medians; `paired_ratio`, the median of each pair's ratio. The start-to-exit part runs `python algos/ppo.py --env-id
 CartPole-v1` with an empty compilation cache (cold) and again with it filled (warm), and
 splits the time into compile and train (its summary line) and everything else; the pieces of
 everything else (interpreter start and exit, imports, environment set-up) are timed alone in a
@@ -141,6 +141,9 @@ def side_by_side(algos, seeds, total_timesteps: int, repeats: int,
                    "cli_sps": statistics.median(c["sps"] for c in clis),
                    "bare_runs": bares, "cli_runs": clis}
             row["ratio"] = row["cli_sps"] / row["bare_sps"]
+            # each run against the bare run beside it: a drift between pairs cancels too
+            row["paired_ratio"] = statistics.median(
+                c["sps"] / b["sps"] for b, c in zip(bares, clis))
             loop = ""
             if chunk_loop:
                 row["chunk_loop_sps"] = statistics.median(b["chunk_loop_sps"] for b in bares)
@@ -149,7 +152,8 @@ def side_by_side(algos, seeds, total_timesteps: int, repeats: int,
             rows.append(row)
             print(f"{algo:6s} {n:3d} seeds on {row['devices']} device(s): bare "
                   f"{row['bare_sps']:>10,.0f} SPS | cli {row['cli_sps']:>10,.0f} SPS | "
-                  f"cli/bare {row['ratio']:.3f}{loop}", flush=True)
+                  f"cli/bare {row['ratio']:.3f} (pairs {row['paired_ratio']:.3f}){loop}",
+                  flush=True)
     return rows
 
 
