@@ -19,13 +19,13 @@ For each (algorithm, seed count), on CartPole with that algorithm's defaults and
 
 The ratio is of the medians; `paired_ratio` is the median of each pair's ratio. The
 start-to-exit part runs `python algos/ppo.py --env-id CartPole-v1` with an empty compilation
-cache (cold) and again with it filled (warm), and splits the time into compile and train
-(its summary line) and everything else; the pieces of everything else (interpreter start
-and exit, imports, environment set-up) are timed alone in a separate process. `--checkpoint-cost` times, instead, the checkpoints alone of one long run
-(its real train state, random metric rows; about 20 chunks, a checkpoint after each): CPU
-seconds per save with the rows kept chunk by chunk as the command line keeps them
-(`checkpoint.Rows`: each row serialised and hashed once) against all rows so far serialised
-and hashed again at every save. Raw rows:
+cache (cold) and again with it filled (warm), and splits the time into compile and train (its
+summary line) and everything else; the pieces of everything else (interpreter start and exit,
+imports, environment set-up) are timed alone in a separate process. `--checkpoint-cost` times,
+instead, the checkpoints alone of one long run (its real train state, random metric rows; about
+20 chunks, a checkpoint after each): CPU seconds per save with the rows kept chunk by chunk as
+the command line keeps them (`checkpoint.Rows`: each row serialised and hashed once) against
+all rows so far serialised and hashed again at every save. Raw rows:
 `benchmarks/results/cli_overhead.json` (with the commit; `--out` elsewhere).
 """
 
