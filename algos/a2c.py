@@ -69,7 +69,9 @@ class Config:
     0.99, eps 1e-5, 5 steps x 16 environments, gradient clip 0.5) and Stable-Baselines3 `A2C`
     (n-step returns `gae_lambda=1`, entropy coefficient 0.0, constant learning rate, no
     advantage normalisation; rl-baselines3-zoo's CartPole config is these with 8
-    environments), except the value coefficient: half of theirs (`vf_coef`).
+    environments), except the value coefficient: half of theirs (`vf_coef`). The eps sits
+    outside the square root, as in SB3's PyTorch RMSprop (TensorFlow's, in Baselines, adds it
+    inside).
     """
 
     # --- environment ---

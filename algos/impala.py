@@ -314,6 +314,12 @@ class TrainState(NamedTuple):
     key: jax.Array
 
 
+RHO_ROUNDING = 1e-5
+"""Relative margin above rho_bar before a ratio counts as clipped in `rho_clip_fraction`: the
+acting and learning passes of a recurrent core round differently, so with an on-policy batch
+rho_t = 1 up to a few ulps, which is not clipping."""
+
+
 class LossInfo(NamedTuple):
     value_loss: jax.Array
     policy_loss: jax.Array
@@ -325,7 +331,7 @@ class LossInfo(NamedTuple):
     mean_clipped_rho: jax.Array
     """Mean of min(rho_bar, rho_t)."""
     rho_clip_fraction: jax.Array
-    """Fraction of the rho_t above rho_bar."""
+    """Fraction of the rho_t above rho_bar by more than float32 rounding (`RHO_ROUNDING`)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -373,7 +379,7 @@ def impala_loss(log_prob_t, entropy_t, v_t, v_tp1, batch: Transition, hp: "HPara
         1.0 - distributed.mean_var(vs_t - lax.stop_gradient(v_t))[1]
         / distributed.mean_var(vs_t)[1],
         jnp.minimum(hp.rho_bar, rho_t).mean(),
-        (rho_t > hp.rho_bar).astype(jnp.float32).mean())
+        (rho_t > hp.rho_bar * (1 + RHO_ROUNDING)).astype(jnp.float32).mean())
     return loss, info
 
 

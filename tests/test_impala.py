@@ -105,6 +105,21 @@ TRACE_SETTINGS = {  # the paper's V-Trace, and every threshold and lambda set ap
 }
 
 
+def test_rho_rounded_to_just_above_rho_bar_is_not_counted_as_clipped():
+    """An on-policy batch whose log-ratios are float32 rounding (a recurrent core recomputed
+    over the sequence): no ratio is clipped; one 1% above rho_bar is."""
+    from algos.impala import Transition, impala_loss
+
+    log_prob = jnp.full((3, 2), -0.7, jnp.float32)
+    behaviour = (log_prob - 2.5e-7).at[0, 0].set(log_prob[0, 0] - 0.01)  # rho = 1 + 2 ulp
+    zeros = jnp.zeros((3, 2), jnp.float32)
+    batch = Transition(jnp.zeros((3, 2, 4)), jnp.zeros((3, 2), jnp.int32), zeros,
+                       zeros.astype(bool), zeros.astype(bool), jnp.zeros((3, 2, 4)), behaviour)
+    _, info = impala_loss(log_prob, zeros, zeros, zeros, batch, Config().hparams())
+    assert (np.exp(np.float32(log_prob - behaviour))[:, 1] > 1.0).all()  # rounding, above 1
+    np.testing.assert_allclose(info.rho_clip_fraction, 1 / 6)
+
+
 @pytest.mark.parametrize("trace", TRACE_SETTINGS)
 @pytest.mark.parametrize("correction", [True, False])
 def test_impala_loss_matches_a_hand_computation_with_clipped_and_unclipped_ratios(correction,
