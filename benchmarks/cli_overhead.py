@@ -83,7 +83,7 @@ def bare(algo: str, args: list[str], chunk_loop: bool = False) -> dict:
         state, start = session.state, time.perf_counter()
         for begin in range(0, config.num_updates, chunk):
             updates = layout.put(np.arange(begin, begin + chunk, dtype=np.int32), P())
-            state, _ = run_chunk(state, session.hparams, updates)
+            state = run_chunk(state, session.hparams, updates)[0]
         jax.block_until_ready(state)
         row["chunk_loop_sps"] = steps / (time.perf_counter() - start)
     return row

@@ -247,9 +247,8 @@ def test_global_step_is_a_64_bit_count_on_the_host(tmp_path):
                           None, None)
     rows = {"global_step": np.zeros((1, 2), np.int32), "episodic_return": np.zeros((1, 2))}
     session.files = type("W", (), {"put": lambda *a, **k: None})()
-    session.state = type("S", (), {"params": {"w": np.zeros((1, 2))}})()
     progress = type("P", (), {"report": lambda *a, **k: None, "timeline": []})()
-    cli.log_chunk(session, rows, 2**14 - 2, 2**14, None, progress, [])
+    cli.log_chunk(session, rows, np.ones(1, bool), 2**14 - 2, 2**14, None, progress, [])
     assert rows["global_step"].tolist() == [[(2**14 - 1) * 2**20, 2**34]]  # past 2**31
 
 

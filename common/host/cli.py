@@ -333,12 +333,21 @@ def resume(path: str, algo: str, config, run: RunOptions, template):
 
 def compile_programs(s: Session):
     """`(run_chunk, run_eval, chunk)`: the compiled chunk of `chunk` updates for every run,
-    and the compiled evaluation (None without `--eval-every`)."""
+    returning `(state, metrics, finite)` (`finite[i]`: run i's parameters hold no NaN/inf,
+    checked on the device so the host fetches one flag per run, not the parameters), and the
+    compiled evaluation (None without `--eval-every`)."""
     run, layout = s.run, s.layout
     chunk = chunk_size(s.config.num_updates, run.checkpoint_every, run.eval_every, s.first)
     state_shapes = layout.shapes(s.template, layout.state)
-    run_chunk = layout.compile(jax.vmap(s.train.run_updates, in_axes=(0, 0, None)),
-                               (layout.state, layout.seeds, P()), (layout.state, layout.seeds),
+
+    def run_updates(state, hparams, updates):  # the name the compilation cache files carry
+        state, metrics = s.train.run_updates(state, hparams, updates)
+        finite = [jnp.isfinite(p).all() for p in jax.tree.leaves(state.params)]
+        return state, metrics, jnp.stack(finite).all()
+
+    run_chunk = layout.compile(jax.vmap(run_updates, in_axes=(0, 0, None)),
+                               (layout.state, layout.seeds, P()),
+                               (layout.state, layout.seeds, layout.seeds),
                                state_shapes, layout.shapes(s.hparams, layout.seeds),
                                layout.shapes(jnp.arange(chunk), P()))
     run_eval = None
@@ -392,13 +401,14 @@ def train_in_chunks(s: Session, run_chunk, run_eval, chunk: int):
             pending = dispatch(s.state, s.first)
             for begin in range(s.first, num_updates, chunk):
                 end = begin + chunk
-                state, metrics = pending
+                state, metrics, finite = pending
                 if end < num_updates:  # the devices start on the next chunk, the host works
                     pending = dispatch(state, end)
-                if not wait_for((state, metrics), interrupt, interruptible=alone):
+                if not wait_for((state, metrics, finite), interrupt, interruptible=alone):
                     stop(s, begin, interrupt.signal)  # s.state: the checked state at begin
                 s.state = state
-                log_chunk(s, fetch(metrics), begin, end, run_eval, progress, boards)
+                log_chunk(s, fetch(metrics), fetch(finite), begin, end, run_eval, progress,
+                          boards)
                 signum = from_process_0(interrupt.signal or 0)  # all processes stop together
                 if end == num_updates or signum or (
                         run.checkpoint_every and end % run.checkpoint_every == 0):
@@ -502,13 +512,15 @@ def last_checkpoint(s: Session) -> str:
     return f"{s.path} (update {s.written_update})"
 
 
-def log_chunk(s: Session, metrics: dict, begin: int, end: int, run_eval, progress, boards):
-    """On the host, for the chunk of updates [begin, end): the NaN guard, the evaluation if
-    one is due, the progress line, and the TensorBoard writes (queued)."""
+def log_chunk(s: Session, metrics: dict, finite, begin: int, end: int, run_eval, progress,
+              boards):
+    """On the host, for the chunk of updates [begin, end): the NaN guard (`finite`: per run,
+    whether its parameters are), the evaluation if one is due, the progress line, and the
+    TensorBoard writes (queued)."""
     run = s.run
     steps = (np.arange(begin, end, dtype=np.int64) + 1) * s.config.batch_size
     metrics["global_step"] = np.broadcast_to(steps, (run.num_seeds, end - begin)).copy()
-    stop_if_not_finite(s, metrics, begin)
+    stop_if_not_finite(s, metrics, finite, begin)
     if run_eval is not None:  # NaN but after an evaluation: every chunk has the same columns
         metrics["eval_return"] = np.full((run.num_seeds, end - begin), np.nan, np.float32)
     if run_eval is not None and (end % run.eval_every == 0 or end == s.config.num_updates):
@@ -545,9 +557,11 @@ def eval_keys(run: RunOptions, update: int):
         logger.seed_keys(run.seed, run.num_seeds), update)
 
 
-def stop_if_not_finite(s: Session, metrics: dict, begin: int):
-    """Exit 1, naming the quantity, update and seed, if the chunk from `begin` went NaN/inf."""
-    bad = first_non_finite(metrics, fetch(s.state.params), begin)
+def stop_if_not_finite(s: Session, metrics: dict, finite, begin: int):
+    """Exit 1, naming the quantity, update and seed, if the chunk from `begin` went NaN/inf
+    (the parameters are fetched only when a run's `finite` flag says one is bad)."""
+    params = None if np.all(finite) else fetch(s.state.params)
+    bad = first_non_finite(metrics, params, begin)
     if bad is not None:
         s.files.flush()  # the last good checkpoint is on disk before it is named
         quantity, update, seed = bad
@@ -651,7 +665,8 @@ def first_non_finite(metrics: dict, params, first_update: int):
     """`(quantity, update, seed index)` of the earliest NaN/inf in a chunk, or None.
 
     `metrics` are the chunk's rows [num_seeds, chunk] (names in `NAN_BY_DESIGN` skipped),
-    `params` the vmapped parameters after the chunk (a bad one is dated to its last update).
+    `params` the vmapped parameters after the chunk (a bad one is dated to its last update;
+    None: known to be finite).
     """
     found = []
     for name, rows in metrics.items():
@@ -660,7 +675,7 @@ def first_non_finite(metrics: dict, params, first_update: int):
             seed, step = min(np.argwhere(bad), key=lambda sc: sc[1])
             found.append((first_update + int(step), name, int(seed)))
     last = first_update + next(iter(metrics.values())).shape[1] - 1
-    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params or {})[0]:
         bad = ~np.isfinite(np.asarray(leaf)).reshape(leaf.shape[0], -1).all(axis=1)
         if bad.any():
             found.append((last, f"parameter {jax.tree_util.keystr(path)}", int(np.argmax(bad))))
