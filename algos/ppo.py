@@ -92,7 +92,9 @@ class Config:
     update_epochs: int = 4
     """Epochs over each rollout."""
     norm_adv: bool = True
-    """Normalise advantages per minibatch."""
+    """Normalise advantages per minibatch, by their mean and population standard deviation (as
+    PureJaxRL; CleanRL's torch `std` is the sample one, which differs by sqrt((B-1)/B): 0.4%
+    at the default minibatch of 128)."""
     clip_coef: float = 0.2
     """Clipping epsilon of the surrogate objective (and of the value loss)."""
     clip_vloss: bool = True
