@@ -675,7 +675,7 @@ def first_non_finite(metrics: dict, params, first_update: int):
             seed, step = min(np.argwhere(bad), key=lambda sc: sc[1])
             found.append((first_update + int(step), name, int(seed)))
     last = first_update + next(iter(metrics.values())).shape[1] - 1
-    for path, leaf in jax.tree_util.tree_flatten_with_path(params or {})[0]:
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:  # None: no leaves
         bad = ~np.isfinite(np.asarray(leaf)).reshape(leaf.shape[0], -1).all(axis=1)
         if bad.any():
             found.append((last, f"parameter {jax.tree_util.keystr(path)}", int(np.argmax(bad))))
