@@ -532,8 +532,15 @@ def log_chunk(s: Session, metrics: dict, finite, begin: int, end: int, run_eval,
         recent = np.nanmean(metrics["episodic_return"], axis=1)
     progress.report(end * s.config.batch_size, recent, final=end == s.config.num_updates)
     sps = logger.sps_points(progress.timeline[-2:], run.num_seeds)
+    if boards:
+        s.files.put(write_boards, boards, metrics, sps)
+
+
+def write_boards(boards: list, metrics: dict, sps_points):
+    """On the writer thread: each run's rows of `metrics` [num_seeds, updates] to its board
+    (one queued call for all of them, not one hand-over to the thread per run)."""
     for i, board in enumerate(boards):
-        s.files.put(board.write, {k: v[i] for k, v in metrics.items()}, sps)
+        board.write({k: v[i] for k, v in metrics.items()}, sps_points)
 
 
 def open_boards(s: Session) -> list:
