@@ -66,12 +66,13 @@ class Config:
     """A2C hyperparameters.
 
     Defaults: the widely used A2C settings of OpenAI Baselines `a2c` (RMSprop, lr 7e-4, alpha
-    0.99, eps 1e-5, 5 steps x 16 environments, gradient clip 0.5) and Stable-Baselines3 `A2C`
-    (n-step returns `gae_lambda=1`, entropy coefficient 0.0, constant learning rate, no
-    advantage normalisation; rl-baselines3-zoo's CartPole config is these with 8
-    environments), except the value coefficient: half of theirs (`vf_coef`). The eps sits
-    outside the square root, as in SB3's PyTorch RMSprop (TensorFlow's, in Baselines, adds it
-    inside).
+    0.99, eps 1e-5, 5 steps, gradient clip 0.5), 16 environments as the A3C paper's 16 actor
+    threads, and Stable-Baselines3 `A2C` (n-step returns `gae_lambda=1`, entropy coefficient
+    0.0, constant learning rate where Baselines anneals it, no advantage normalisation;
+    rl-baselines3-zoo's CartPole config is these with 8 environments), except the value
+    coefficient: half of theirs (`vf_coef`). RMSprop is PyTorch's, as in SB3: its average of
+    squared gradients starts at 0 and eps sits outside the square root (TensorFlow 1's, in
+    Baselines, starts the average at 1 and adds eps inside).
     """
 
     # --- environment ---
@@ -104,7 +105,9 @@ class Config:
     gae_lambda: float = 1.0
     """GAE lambda; 1.0 gives the classic n-step bootstrapped returns of A2C/A3C."""
     norm_adv: bool = False
-    """Normalise advantages over each rollout (SB3's `normalize_advantage`)."""
+    """Normalise advantages over each rollout (SB3's `normalize_advantage`), dividing by the
+    population standard deviation where SB3 uses the sample one: a factor sqrt((B-1)/B),
+    0.6% at the default B = 80 samples."""
     ent_coef: float = 0.0
     """Entropy bonus coefficient. 0.0 as SB3; Baselines' 0.01 keeps CartPole's policy too
     random to hold 500 (mean final return 453 over 16 seeds, one seed at 193). MinAtar
@@ -138,9 +141,10 @@ class Config:
                      "cnn-lstm"] = "auto"
     """Torso: `auto` picks the CNN for image observations (MinAtar) and the MLPs otherwise;
     `mlp` flattens images into the MLPs (PureJaxRL's MinAtar baseline, much cheaper on a CPU).
-    `gru` adds a recurrent core of `hidden_size` units after the `auto` torso (`mlp-gru`,
-    `cnn-gru`: after that torso): a policy with memory, for partially observed tasks; `lstm`
-    (`mlp-lstm`, `cnn-lstm`) an LSTM core instead (`common/nn.py`)."""
+    `gru` adds a recurrent core of `hidden_size` units between a torso and one actor and one
+    critic layer (the torso: one Dense layer for vectors, as `mlp-gru`, or the CNN for images,
+    as `cnn-gru`): a policy with memory, for partially observed tasks; `lstm` (`mlp-lstm`,
+    `cnn-lstm`) an LSTM core instead (`common/nn.py`)."""
 
     def __post_init__(self):  # plain Python: building a Config starts no JAX backend
         check_fields(self, wide=("total_timesteps",))  # types first: ints, finite float32s

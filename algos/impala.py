@@ -12,7 +12,9 @@ What differs from the paper:
 - actors and learner run in lockstep inside one compiled `train(key)`, and the policy lag is
   exact rather than random: the actors of update k act with the learner's parameters of
   update `k - actor_lag`, kept in a small queue of past parameters in the carry
-  (`TrainState.past_params`; `actor_lag = 0` is synchronous, i.e. A2C with V-Trace targets);
+  (`TrainState.past_params`; `actor_lag = 0` is synchronous: with one epoch of one minibatch
+  it is A2C with V-Trace targets, and later minibatches or epochs learn off-policy, from
+  parameters the earlier ones already changed);
 - the losses are means over the batch, not sums (so `vf_coef` = the paper's baseline cost 0.5
   with the same `0.5 * (vs - V)^2` baseline loss, and the learning rate does not depend on the
   batch size); optionally several epochs of minibatches over each batch of trajectories
@@ -91,7 +93,7 @@ class Config:
     # --- algorithm ---
     actor_lag: int = 1
     """Policy lag: the actors of update k act with the learner's parameters of update
-    `k - actor_lag` (0: synchronous)."""
+    `k - actor_lag` (0: synchronous, on-policy for the first minibatch of the first epoch)."""
     vtrace: bool = True
     """Correct for the lag with V-Trace; False uses the uncorrected on-policy actor-critic
     targets on the same data (`log_rhos = 0`), for ablations."""
@@ -109,7 +111,8 @@ class Config:
     opt_eps: float = 0.01
     """Epsilon of the optimiser. RMSProp: added inside the square root as in TensorFlow's
     RMSProp, which the paper used (paper, Atari: 0.01; `scalable_agent` defaults to 0.1).
-    Adam: added outside it (optax), usually 1e-5."""
+    Adam: added outside it (optax), usually 1e-5; the default stays 0.01 with
+    `--optimizer adam`, so set it yourself."""
     gamma: float = 0.99
     """Discount factor (paper: 0.99)."""
     vtrace_lambda: float = 1.0
@@ -144,9 +147,10 @@ class Config:
                      "cnn-lstm"] = "auto"
     """Torso: `auto` picks the CNN for image observations (MinAtar) and the MLPs otherwise;
     `mlp` flattens images into the MLPs (PureJaxRL's MinAtar baseline, much cheaper on a CPU).
-    `gru` adds a recurrent core of `hidden_size` units after the `auto` torso (`mlp-gru`,
-    `cnn-gru`: after that torso): a policy with memory, for partially observed tasks; `lstm`
-    (`mlp-lstm`, `cnn-lstm`) an LSTM core instead (`common/nn.py`)."""
+    `gru` adds a recurrent core of `hidden_size` units between a torso and one actor and one
+    critic layer (the torso: one Dense layer for vectors, as `mlp-gru`, or the CNN for images,
+    as `cnn-gru`): a policy with memory, for partially observed tasks; `lstm` (`mlp-lstm`,
+    `cnn-lstm`) an LSTM core instead (`common/nn.py`)."""
 
     def __post_init__(self):  # plain Python: building a Config starts no JAX backend
         check_fields(self, wide=("total_timesteps",))  # types first: ints, finite float32s

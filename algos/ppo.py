@@ -117,9 +117,10 @@ class Config:
                      "cnn-lstm"] = "auto"
     """Torso: `auto` picks the CNN for image observations (MinAtar) and the MLPs otherwise;
     `mlp` flattens images into the MLPs (PureJaxRL's MinAtar baseline, much cheaper on a CPU).
-    `gru` adds a recurrent core of `hidden_size` units after the `auto` torso (`mlp-gru`,
-    `cnn-gru`: after that torso): a policy with memory, for partially observed tasks; `lstm`
-    (`mlp-lstm`, `cnn-lstm`) an LSTM core instead (`common/nn.py`)."""
+    `gru` adds a recurrent core of `hidden_size` units between a torso and one actor and one
+    critic layer (the torso: one Dense layer for vectors, as `mlp-gru`, or the CNN for images,
+    as `cnn-gru`): a policy with memory, for partially observed tasks; `lstm` (`mlp-lstm`,
+    `cnn-lstm`) an LSTM core instead (`common/nn.py`)."""
 
     def __post_init__(self):  # plain Python: building a Config starts no JAX backend
         check_fields(self, wide=("total_timesteps",))  # types first: ints, finite float32s

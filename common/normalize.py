@@ -13,9 +13,10 @@ same statistics (`normalize_rewards`).
 
 The algorithms merge a rollout's observations into the statistics after that rollout's
 update, so a rollout, its bootstrap values and its update all see the same statistics (those
-of the rollouts before it; the first rollout sees raw observations, mean 0 and variance 1),
-and the update's probability ratios compare the policy on identical inputs. gymnasium's
-wrapper instead merges each observation before normalising it.
+of the rollouts before it; the first rollout's are mean 0 and variance 1, so it sees raw
+observations, clipped to +-10 as every normalised one is), and the update's probability
+ratios compare the policy on identical inputs. gymnasium's wrapper instead merges each
+observation before normalising it.
 """
 
 from typing import NamedTuple
