@@ -312,7 +312,8 @@ def a2c_loss(log_prob_t, entropy_t, v_t, r_t, v_tp1, terminated_t, truncated_t, 
       norm_adv: normalise the advantages to mean 0, std 1 over the rollout.
 
     Returns:
-      `(loss, LossInfo)`, scalars; `explained_variance` = 1 - Var[G - V] / Var[G].
+      `(loss, LossInfo)`, scalars; `explained_variance` = 1 - Var[G - V] / Var[G] (NaN where
+      Var[G] = 0, as Baselines).
     """
     value = lax.stop_gradient(v_t)
     advantage, ret = gae(r_t, value, v_tp1, terminated_t, truncated_t, gamma, gae_lambda)
@@ -324,7 +325,7 @@ def a2c_loss(log_prob_t, entropy_t, v_t, r_t, v_tp1, terminated_t, truncated_t, 
     entropy = entropy_t.mean()
     loss = policy_loss + vf_coef * value_loss - ent_coef * entropy
     (_, var_error), (_, var_ret) = distributed.mean_var(ret - value), distributed.mean_var(ret)
-    explained_variance = 1.0 - var_error / var_ret
+    explained_variance = jnp.where(var_ret > 0, 1.0 - var_error / var_ret, jnp.nan)
     return loss, LossInfo(value_loss, policy_loss, entropy, explained_variance)
 
 

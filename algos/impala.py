@@ -331,7 +331,7 @@ class LossInfo(NamedTuple):
     approx_kl: jax.Array
     """KL(behaviour || learner), k3 estimate from the behaviour's samples."""
     explained_variance: jax.Array
-    """1 - Var(vs - V) / Var(vs)."""
+    """1 - Var(vs - V) / Var(vs) (NaN where Var(vs) = 0, as Baselines)."""
     mean_clipped_rho: jax.Array
     """Mean of min(rho_bar, rho_t)."""
     rho_clip_fraction: jax.Array
@@ -378,10 +378,11 @@ def impala_loss(log_prob_t, entropy_t, v_t, v_tp1, batch: Transition, hp: "HPara
     kl = (jnp.exp(capped) - 1.0 - capped).mean()
     loss = policy_loss + hp.vf_coef * value_loss - hp.ent_coef * entropy + hp.kl_coef * kl
     rho_t = jnp.exp(lax.stop_gradient(log_rho_t))
+    var_error, var_vs = distributed.mean_var(vs_t - lax.stop_gradient(v_t))[1], \
+        distributed.mean_var(vs_t)[1]
     info = LossInfo(
         value_loss, policy_loss, entropy, lax.stop_gradient(kl),
-        1.0 - distributed.mean_var(vs_t - lax.stop_gradient(v_t))[1]
-        / distributed.mean_var(vs_t)[1],
+        jnp.where(var_vs > 0, 1.0 - var_error / var_vs, jnp.nan),
         jnp.minimum(hp.rho_bar, rho_t).mean(),
         (rho_t > hp.rho_bar * (1 + RHO_ROUNDING)).astype(jnp.float32).mean())
     return loss, info

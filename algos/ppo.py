@@ -541,13 +541,15 @@ def make_train(config: Config, live_progress: bool = False):
         # METRICS: one row per update, losses averaged over the minibatches that ran
         ret_sum, len_sum, count = pmean(finished_episode_stats(traj))
         losses = jax.tree.map(lambda x: (x.mean(-1) * ran).sum() / ran.sum(), info)
+        var_ret = jnp.var(data.ret)  # explained variance: NaN for constant returns, as Baselines
         metrics = {
             "global_step": steps_done(update, batch_size, num_updates),
             "episodic_return": ret_sum / count,
             "episodic_length": len_sum / count,
             "learning_rate": learning_rate(hp, update),
             **losses._asdict(),
-            "explained_variance": 1.0 - jnp.var(data.ret - data.value) / jnp.var(data.ret),
+            "explained_variance": jnp.where(
+                var_ret > 0, 1.0 - jnp.var(data.ret - data.value) / var_ret, jnp.nan),
         }
         if progress is not None:
             progress.report_from_jit(update, num_updates, metrics["global_step"],

@@ -119,6 +119,16 @@ def test_loss_matches_hand_computed_n_step_and_gae_advantages(norm_adv, jit, lam
     np.testing.assert_allclose(d_v, vf_coef * (V - R) / n, rtol=1e-5, atol=1e-7)
 
 
+def test_explained_variance_is_nan_when_the_returns_are_constant():
+    """Every step terminal with reward 1: G = 1 everywhere, so Var[G] = 0 while Var[G - V] > 0
+    (NaN, as Baselines, not -inf)."""
+    ones, v_t = jnp.ones((3, 2)), jnp.asarray(ROLLOUT["v_t"])
+    _, info = a2c_loss(jnp.asarray(LOG_PROB), jnp.asarray(ENTROPY), v_t, ones, ones,
+                       ones.astype(bool), ~ones.astype(bool), gamma=GAMMA, gae_lambda=1.0,
+                       ent_coef=0.0, vf_coef=0.5, norm_adv=False)
+    assert np.isnan(info.explained_variance) and np.isfinite(info.value_loss)
+
+
 # --------------------------------------------------------------------------------------------
 # Config and command line
 # --------------------------------------------------------------------------------------------

@@ -120,6 +120,19 @@ def test_rho_rounded_to_just_above_rho_bar_is_not_counted_as_clipped():
     np.testing.assert_allclose(info.rho_clip_fraction, 1 / 6)
 
 
+def test_explained_variance_is_nan_when_the_targets_are_constant():
+    """On-policy, every step terminal with reward 1: vs = 1 everywhere, so Var(vs) = 0 while
+    Var(vs - V) > 0 (NaN, as Baselines, not -inf)."""
+    from algos.impala import Transition, impala_loss
+
+    log_prob, ones = jnp.full((3, 2), -0.7), jnp.ones((3, 2))
+    v_t = jnp.asarray([[0.5, 1.0], [0.2, 0.3], [-0.1, 0.7]])
+    batch = Transition(jnp.zeros((3, 2, 4)), jnp.zeros((3, 2), jnp.int32), ones,
+                       ones.astype(bool), ~ones.astype(bool), jnp.zeros((3, 2, 4)), log_prob)
+    _, info = impala_loss(log_prob, 0 * ones, v_t, 0 * ones, batch, Config().hparams())
+    assert np.isnan(info.explained_variance) and np.isfinite(info.value_loss)
+
+
 @pytest.mark.parametrize("trace", TRACE_SETTINGS)
 @pytest.mark.parametrize("correction", [True, False])
 def test_impala_loss_matches_a_hand_computation_with_clipped_and_unclipped_ratios(correction,
