@@ -378,8 +378,8 @@ def impala_loss(log_prob_t, entropy_t, v_t, v_tp1, batch: Transition, hp: "HPara
     kl = (jnp.exp(capped) - 1.0 - capped).mean()
     loss = policy_loss + hp.vf_coef * value_loss - hp.ent_coef * entropy + hp.kl_coef * kl
     rho_t = jnp.exp(lax.stop_gradient(log_rho_t))
-    var_error, var_vs = distributed.mean_var(vs_t - lax.stop_gradient(v_t))[1], \
-        distributed.mean_var(vs_t)[1]
+    _, var_error = distributed.mean_var(vs_t - lax.stop_gradient(v_t))
+    _, var_vs = distributed.mean_var(vs_t)
     info = LossInfo(
         value_loss, policy_loss, entropy, lax.stop_gradient(kl),
         jnp.where(var_vs > 0, 1.0 - var_error / var_vs, jnp.nan),
