@@ -23,10 +23,11 @@ from importlib import metadata
 from common.presets import MINATAR, PRESETS as CONFIGS  # noqa: F401  (one place for both)
 
 VARIANTS = {
-    # MinAtar on this project's 2-core CPU: the CNN runs at about 4k SPS for one seed there
-    # (and slower per seed when seeds are vmapped), so a 1e7-step cell would take hours. The
-    # CPU grid uses PureJaxRL's MinAtar network instead -- 64x64 ReLU MLPs on the flattened
-    # 10x10xC image -- at 1e6 steps, the budget of PureJaxRL's MinAtar figures.
+    # MinAtar on this project's 2-core CPU: PPO's CNN runs at about 8k SPS for one seed there
+    # (and no faster in all for 8 or 32 vmapped seeds; docs/performance.md), so a 1e7-step
+    # cell would take hours. The CPU grid uses PureJaxRL's MinAtar network instead -- 64x64
+    # ReLU MLPs on the flattened 10x10xC image -- at 1e6 steps, the budget of PureJaxRL's
+    # MinAtar figures.
     "mlp1e6": dict(network="mlp", activation="relu", total_timesteps=1_000_000),
     # The CNN (the default for image observations) at the same 1e6-step budget, to compare
     # with the MLP and with PureJaxRL's MLP figures at that budget.
