@@ -43,12 +43,17 @@ def files(tmp_path_factory):
     (d / "old.msgpack").write_bytes(serialization.msgpack_serialize(
         {"format_version": 2, "algo": "a2c"}))
     (d / "a_file").write_text("")
+    first, second = (d / "logs" / f"CartPole-v1__ppo__{i}__1700000000" for i in (1, 2))
+    for run in (first, second):
+        run.mkdir(parents=True)
+    (first / "latest.msgpack").write_bytes(data)  # a command of two seeds: one checkpoint
 
     return {"ckpt": good, "truncated": str(d / "truncated.msgpack"),
             "corrupt": str(d / "corrupt.msgpack"), "empty": str(d / "empty.msgpack"),
             "foreign": str(d / "foreign.msgpack"), "missing": str(d / "nowhere.msgpack"),
             "dir": str(d / "run_without_checkpoint"), "flipped": str(d / "flipped.msgpack"),
             "old_format": str(d / "old.msgpack"), "file": str(d / "a_file"),
+            "logs": str(d / "logs"), "first_run": str(first), "second_run": str(second),
             "umbrella": save_initial(d / "umbrella.msgpack", "ppo",
                                      env_id="UmbrellaChain-bsuite"),
             "gru": save_initial(d / "gru.msgpack", "a2c", env_id="MaskedCartPole-v1",
@@ -157,6 +162,12 @@ CATALOGUE = [
     ("ppo", ["--target-kl", "abc"], "error: --target-kl: expected a number or None, got 'abc'"),
     ("impala", ["--num-env", "3"], "error: unknown flag --num-env; did you mean --num-envs?"),
     ("ppo", ["--foo", "1", "--bar"], "error: unknown flags --foo, --bar (see --help)."),
+    ("ppo", ["--no-preset"], "error: unknown flag --no-preset; did you mean --no-presets? (see "
+                             "--help)."),
+    ("ppo", ["--preset"], "error: unknown flag --preset; did you mean --presets? (see --help)."),
+    ("ppo", ["--exp-name", "a/b"], "error: --exp-name is part of the run directory's name, so it "
+                                   "must be non-empty and hold no '/', got 'a/b'."),
+    ("a2c", ["--exp-name", ""], "must be non-empty and hold no '/', got ''."),
     # ... named as another library names it: ours, not tyro's nearest spelling (--anneal-lr)
     ("ppo", ["--lr", "1e-3"], "error: unknown flag --lr; did you mean --learning-rate? (see "
                               "--help)."),
@@ -191,7 +202,12 @@ CATALOGUE = [
     ("ppo", ["--resume", "{foreign}"], "'{foreign}' is not a checkpoint of this project"),
     ("ppo", ["--resume", "{ckpt}", "--learning-rate", "0.1", "--num-envs", "8"],
      "cannot resume '{ckpt}' with a different config (saved -> now): num_envs: 4 -> 8; "
-     "learning_rate: 0.00025 -> 0.1."),
+     "learning_rate: 0.00025 -> 0.1. Resume with the saved values (leave those flags out), or "
+     "start a new run without --resume."),
+    ("ppo", ["--num-seeds", "100000000"], "does not fit in memory: the training state of "
+                                          "100000000 run(s) is"),  # found before any is made
+    ("ppo", ["--resume", "{logs}"], "no checkpoint file at '{logs}/latest.msgpack'. Run "
+                                    "directories in it hold checkpoints: '{first_run}'."),
     ("a2c", ["--resume", "{ckpt}"], "'{ckpt}' holds a ppo run; resume it with algos/ppo.py"),
     ("ppo", ["--resume", "{ckpt}", "--normalize-reward"], "normalize_reward: False -> True"),
     ("a2c", ["--resume", "{gru}", "--network", "mlp"], "network: 'gru' -> 'mlp'"),
@@ -206,6 +222,11 @@ CATALOGUE = [
     ("evaluate", ["{ckpt}", "--seed", "-1"], "--seed must be in [0, 2**32)"),
     ("evaluate", ["{ckpt}", "--capture-video", "{dir}"], "is a directory; give a file name"),
     ("evaluate", ["{ckpt}", "--capture-video", "{file}/x.gif"], "cannot write the video to"),
+    ("evaluate", ["{ckpt}", "--capture-video", "x.html"],
+     "--capture-video for CartPole-v1 writes a GIF (gymnax's renderer); name it *.gif, not "
+     "'x.html'."),
+    ("evaluate", ["{second_run}"], "no checkpoint file at '{second_run}/latest.msgpack'. The "
+     "runs of one command keep one checkpoint, in the first run's directory: '{first_run}'."),
     ("evaluate", ["{flipped}"], "is corrupt: its contents do not match their checksum"),
     ("evaluate", ["{ckpt}", "--episodes", "many"], "error: --episodes: expected an integer"),
     ("evaluate", [], "error: missing PATH: A checkpoint file, or a run directory holding"),

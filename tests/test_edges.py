@@ -292,3 +292,17 @@ def test_the_summary_and_progress_say_n_a_where_there_is_no_figure():
     assert "nan" not in first and "return       n/a |        n/a SPS per run | ETA    n/a" \
         in first, first
     assert "nan" not in second and "return     20.00 |" in second, second
+
+
+def test_the_progress_line_keeps_each_run_s_last_return_through_chunks_without_an_episode():
+    """Long episodes and short chunks: a chunk in which a run finished no episode shows that
+    run's figure from the latest chunk in which it did (found in the rows so far on the
+    first call, as after a resume), and NaN only before its first episode."""
+    nan = np.nan
+    rows = [{"episodic_return": np.array([[1.0, nan], [nan, nan], [nan, 7.0]])},
+            {"episodic_return": np.array([[nan, 3.0], [nan, nan], [nan, nan]])}]
+    recent = cli.recent_returns(rows)  # a resumed run's first chunk: scan back
+    np.testing.assert_array_equal(recent, [3.0, nan, 7.0])
+    later = cli.recent_returns([{"episodic_return": np.array([[nan, nan], [5.0, nan],
+                                                              [2.0, 4.0]])}], recent)
+    np.testing.assert_array_equal(later, [3.0, 5.0, 3.0])

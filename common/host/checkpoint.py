@@ -77,6 +77,31 @@ def resolve(path: str) -> str:
     return os.path.join(path, LATEST) if os.path.isdir(path) else path
 
 
+def _where_instead(path: str) -> str:
+    """For a missing `{folder}/latest.msgpack`, where the checkpoint is, when the folder is
+    near one: another run of the same command (`{env_id}__{exp_name}__{seed}__{unix_time}`;
+    a command of several seeds keeps one checkpoint, in its first run's directory), or run
+    directories inside the folder (a `--log-dir`). Else ""."""
+    folder, name = os.path.split(path)
+    if name != LATEST or not os.path.isdir(folder):
+        return ""
+    def holds(d):
+        return os.path.isfile(os.path.join(d, LATEST))
+    parent, run = os.path.split(os.path.abspath(folder))
+    command = run.rsplit("__", 2)
+    if len(command) == 3:
+        siblings = sorted(d for d in os.listdir(parent) if holds(os.path.join(parent, d))
+                          and d.rsplit("__", 2)[::2] == command[::2])
+        if siblings:
+            return (" The runs of one command keep one checkpoint, in the first run's "
+                    f"directory: {os.path.join(os.path.dirname(folder), siblings[0])!r}.")
+    inside = sorted(d for d in os.listdir(folder) if holds(os.path.join(folder, d)))
+    if inside:
+        shown = ", ".join(repr(os.path.join(folder, d)) for d in inside[:3])
+        return f" Run directories in it hold checkpoints: {shown}{', ...' * (len(inside) > 3)}."
+    return ""
+
+
 def previous_path(path: str) -> str:
     """Where the checkpoint before `path`'s is kept: `latest.msgpack` ->
     `latest.previous.msgpack`."""
@@ -235,7 +260,7 @@ def load(path: str) -> dict:
 
 def _load(path: str) -> dict:
     if not os.path.isfile(path):
-        raise CheckpointError(f"no checkpoint file at {path!r}.")
+        raise CheckpointError(f"no checkpoint file at {path!r}.{_where_instead(path)}")
     with open(path, "rb") as f:
         data = f.read()
     if not data:

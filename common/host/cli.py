@@ -118,6 +118,9 @@ class Session:
     a new checkpoint keep it as the previous one)."""
     compile_time: float = 0.0
     train_time: float = 0.0
+    recent: Any = None
+    """Per run, the mean return of the latest chunk in which it finished an episode (NaN
+    before its first), for the progress line."""
     files: Any = None
     """The `logger.BackgroundWriter` of the training loop (TensorBoard, checkpoints)."""
 
@@ -162,11 +165,13 @@ def start_or_resume(algo: str, config, run: RunOptions, train) -> Session:
     processes agree on the run, the state fits in memory, and the run's directories and
     checkpoint path are claimed and writable."""
     agree_across_processes(config, run)
-    keys = logger.seed_keys(run.seed, run.num_seeds)
-    hparams = jax.vmap(lambda _: config.hparams())(keys)
-    template = jax.eval_shape(jax.vmap(train.init), keys, hparams)
+    key_shapes = jax.ShapeDtypeStruct((run.num_seeds, 2), np.uint32)  # nothing made yet
+    template = jax.eval_shape(lambda k: jax.vmap(train.init)(k, jax.vmap(
+        lambda _: config.hparams())(k)), key_shapes)
     layout = Layout(run, config.num_envs, template)
     check_fits_in_memory(config, template, layout)
+    keys = logger.seed_keys(run.seed, run.num_seeds)
+    hparams = jax.vmap(lambda _: config.hparams())(keys)
     session = Session(algo, config, run, train, layout, template,
                       layout.put(keys, layout.seeds), layout.put(hparams, layout.seeds))
     if run.resume:
@@ -262,9 +267,9 @@ def check_fits_in_memory(config, template, layout: Layout):
     if available is not None and per_device > available:
         runs = jax.tree.leaves(template)[0].shape[0]
         fail(f"does not fit in memory: the training state of {runs} run(s) is "
-             f"{state_bytes / 2**30:.1f} GiB, which the program holds twice "
-             f"({per_device / 2**30:.1f} GiB per device), and {available / 2**30:.1f} GiB is available; reduce "
-             f"{shrinkable(config)}.")
+             f"{state_bytes / 2**30:.1f} GiB, and the program holds it twice (its input and "
+             f"its output: {per_device / 2**30:.1f} GiB on each device), where "
+             f"{available / 2**30:.1f} GiB is available; reduce {shrinkable(config)}.")
 
 
 def available_memory(device, num_devices: int) -> float | None:
@@ -327,7 +332,9 @@ def resume(path: str, algo: str, config, run: RunOptions, template):
         + checkpoint.config_differences({k: record["run"].get(k) for k in now}, now)
     if differences:
         raise checkpoint.CheckpointError(f"cannot resume {path!r} with a different config "
-                                         f"(saved -> now): {'; '.join(differences)}.")
+                                         f"(saved -> now): {'; '.join(differences)}. Resume "
+                                         f"with the saved values (leave those flags out), or "
+                                         f"start a new run without --resume.")
     return checkpoint.restore(template, record["train_state"], path), record
 
 
@@ -512,6 +519,21 @@ def last_checkpoint(s: Session) -> str:
     return f"{s.path} (update {s.written_update})"
 
 
+def recent_returns(rows: list, recent=None) -> np.ndarray:
+    """Per run, the mean episodic return of the latest chunk of `rows` (newest last) in
+    which it finished an episode, else its value in `recent` (else NaN): a chunk that
+    finishes no episode (long episodes, short chunks) keeps the last figure."""
+    newest = np.full(len(rows[-1]["episodic_return"]), np.nan)
+    for chunk in reversed(rows):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a chunk may finish no episode
+            newest = np.where(np.isnan(newest), np.nanmean(chunk["episodic_return"], axis=1),
+                              newest)
+        if not np.isnan(newest).any():
+            break
+    return newest if recent is None else np.where(np.isnan(newest), recent, newest)
+
+
 def log_chunk(s: Session, metrics: dict, finite, begin: int, end: int, run_eval, progress,
               boards):
     """On the host, for the chunk of updates [begin, end): the NaN guard (`finite`: per run,
@@ -527,10 +549,8 @@ def log_chunk(s: Session, metrics: dict, finite, begin: int, end: int, run_eval,
         metrics["eval_return"][:, -1] = fetch(run_eval(s.state, s.layout.put(
             eval_keys(run, end), s.layout.seeds)))
     s.rows.append(metrics)
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a chunk may finish no episode
-        recent = np.nanmean(metrics["episodic_return"], axis=1)
-    progress.report(end * s.config.batch_size, recent, final=end == s.config.num_updates)
+    s.recent = recent_returns(s.rows if s.recent is None else [metrics], s.recent)
+    progress.report(end * s.config.batch_size, s.recent, final=end == s.config.num_updates)
     sps = logger.sps_points(progress.timeline[-2:], run.num_seeds)
     if boards:
         s.files.put(write_boards, boards, metrics, sps)

@@ -195,8 +195,11 @@ def one_line(box: str, argv=(), known=()) -> str:
                                                                   "Argument helptext",
                                                                   "Perhaps you meant"))]
     message = in_plain_words(body[0] if body else title, list(argv))
-    suggested = [w.rstrip(",") for sec in rest if sec[0].startswith("Perhaps you meant")
-                 for line in sec[1:] for w in line.split()[:1] if w.startswith("-")]
+    negated = any(f.startswith("--no-") for f in re.findall(r"--[\w-]+", message))
+    suggested = [pick_variant([w.rstrip(",") for w in line.split() if w.startswith("--")],
+                              negated)
+                 for sec in rest if sec[0].startswith("Perhaps you meant")
+                 for line in sec[1:] if line.startswith("--")]
     strays = unknown_flags(argv, known)
     if strays and not message.startswith("unknown flag"):  # tyro took a path as its value
         message = f"unknown flag{'s' if len(strays) > 1 else ''} {', '.join(strays)}"
@@ -214,6 +217,12 @@ def one_line(box: str, argv=(), known=()) -> str:
     if suggested:
         message += f"; did you mean {' or '.join(dict.fromkeys(suggested))}?"
     return message.rstrip(".") + " (see --help)."
+
+
+def pick_variant(variants: list, negated: bool) -> str:
+    """Of the spellings tyro lists for one suggested flag (`--presets, --no-presets`), the
+    one the typed flag meant: the `--no-` one for a typed `--no-...`."""
+    return next((v for v in variants if v.startswith("--no-") == negated), variants[0])
 
 
 def unknown_flags(argv, known) -> list:

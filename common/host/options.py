@@ -7,6 +7,7 @@ shows both as one flat list of CleanRL-style flags (`--seed`, `--exp-name`, `--n
 """
 
 import dataclasses
+import os
 from typing import Literal
 
 from common.validate import check_fields, require
@@ -30,7 +31,8 @@ class RunOptions:
     num_seeds: int = 1
     """Independent runs trained together in one vmapped call, each logged as its own run."""
     exp_name: str = ""
-    """Experiment name, part of the run directory name."""
+    """Experiment name, part of the run directory name (the command line's default: the
+    algorithm's name)."""
     log_dir: str = "runs"
     """TensorBoard runs go to `{log_dir}/{env_id}__{exp_name}__{seed}__{unix_time}` (a `/` in
     the id, as in `brax/hopper`, becomes `-`)."""
@@ -77,6 +79,9 @@ class RunOptions:
                 "distributed_timeout")
         require(self, "count", "checkpoint_every", "eval_every")
         require(self, "nonnegative_int", "log_every", "num_devices", "process_id")
+        if not self.exp_name or "/" in self.exp_name or os.sep in self.exp_name:
+            raise ValueError(f"--exp-name is part of the run directory's name, so it must be "
+                             f"non-empty and hold no '/', got {self.exp_name!r}.")
         if self.process_id >= self.num_processes:
             raise ValueError(f"--process-id must be in [0, num_processes) = "
                              f"[0, {self.num_processes}), got {self.process_id}.")

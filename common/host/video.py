@@ -34,6 +34,9 @@ def check_renderer(env_id: str, path: str = "episode.gif"):
             raise ValueError(f"--capture-video for {env_id} writes an HTML page (Brax's "
                              f"viewer); name it *.html, not {path!r}.")
         return
+    if not path.lower().endswith(".gif"):
+        raise ValueError(f"--capture-video for {env_id} writes a GIF (gymnax's renderer); "
+                         f"name it *.gif, not {path!r}.")
     env_id = MASKED.get(env_id, (env_id,))[0]  # a masked task looks like the task it masks
     if env_id not in RENDERERS:
         raise ValueError(f"--capture-video: gymnax has no renderer for {env_id!r}, so no GIF can "
