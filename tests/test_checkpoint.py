@@ -362,8 +362,8 @@ def test_the_background_writer_runs_in_order_finishes_on_exit_and_reraises():
 
 def test_tensorboard_points_are_means_of_blocks_of_updates_across_chunks(tmp_path):
     """With `every=3`, 8 updates written as chunks of 5 and 3 become points at updates 3, 6
-    and 8 (a last, shorter block on close), each the NaN-ignoring mean of its updates; a
-    metric that is NaN over a whole block (no evaluation there) is left out of that point."""
+    and 8 (a last, shorter block on close), each the NaN-ignoring mean of its updates; an
+    evaluation (NaN at the updates without one) is a point at its own update's step."""
     returns = np.array([1, np.nan, 3, 4, 5, 6, 7, 8], np.float64)
     evals = np.full(8, np.nan)
     evals[4] = 10.0
@@ -385,7 +385,7 @@ def test_tensorboard_points_are_means_of_blocks_of_updates_across_chunks(tmp_pat
             if v.HasField("simple_value"):
                 points.setdefault(v.tag, []).append((e.step, round(v.simple_value, 5)))
     assert points["charts/episodic_return"] == [(300, 2.0), (600, 5.0), (800, 7.5)]
-    assert points["eval/episodic_return"] == [(600, 10.0)]
+    assert points["eval/episodic_return"] == [(500, 10.0)]
     assert points["charts/SPS"] == [(500, 123.0), (800, 123.0)]
     assert any(v.tag == "hyperparameters/text_summary" for e in events for v in e.summary.value)
 

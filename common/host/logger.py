@@ -29,6 +29,11 @@ TAGS = {
 }
 
 
+AT_OWN_STEP = {"eval_return"}
+"""Metrics made only at some updates (NaN elsewhere), written at their own steps rather than
+as block means stamped at the block's last update."""
+
+
 def tag(name: str) -> str:
     """TensorBoard tag of a metric: `charts/...` for the CleanRL charts, else `losses/...`."""
     return TAGS.get(name, f"losses/{name}")
@@ -234,12 +239,21 @@ class TensorBoardRun:
 
     def _points(self, metrics: dict, every: int | None = None):
         """One event per point holding every finite metric (scalars, as `add_scalar` writes
-        them)."""
-        names = [k for k in metrics if k != "global_step"]
-        columns = np.stack([np.asarray(metrics[k], np.float64) for k in names], axis=-1)
-        steps, means = block_means(metrics["global_step"], columns, every or self.every)
-        tags, finite = [tag(k) for k in names], np.isfinite(means)
-        for step, row, present in zip(steps.tolist(), means.tolist(), finite.tolist()):
+        them); an evaluation is a point of its own, at the step it was made."""
+        steps = np.asarray(metrics["global_step"])
+        names = [k for k in metrics if k != "global_step" and k not in AT_OWN_STEP]
+        for k in AT_OWN_STEP & metrics.keys():
+            values = np.asarray(metrics[k], np.float64)
+            made = np.isfinite(values)
+            self._events(steps[made], values[made, None], [k])
+        if names:
+            columns = np.stack([np.asarray(metrics[k], np.float64) for k in names], axis=-1)
+            self._events(*block_means(steps, columns, every or self.every), names)
+
+    def _events(self, steps, rows, names: list):
+        """One event per step, holding each metric of `names` finite in its row of `rows`."""
+        tags, finite = [tag(k) for k in names], np.isfinite(rows)
+        for step, row, present in zip(steps.tolist(), rows.tolist(), finite.tolist()):
             event, values = self._template(tags, tuple(present))
             event.step, event.wall_time = int(step), time.time()
             for value, x in zip(values, (x for x, p in zip(row, present) if p)):

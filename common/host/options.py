@@ -38,7 +38,8 @@ class RunOptions:
     the id, as in `brax/hopper`, becomes `-`)."""
     log_every: int = 0
     """Each TensorBoard point is the mean of N consecutive updates (0: the fewest that keep a
-    run within 1000 points per chart, which is what TensorBoard shows by default)."""
+    run within 1000 points per chart, which is what TensorBoard shows by default);
+    evaluations are points at their own steps."""
     checkpoint_every: int = 0
     """Checkpoint every N updates (0: only at the end and on Ctrl-C), to `latest.msgpack` in
     the first run's log directory (or the file given to `--resume`)."""
