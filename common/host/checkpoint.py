@@ -82,11 +82,12 @@ def _where_instead(path: str) -> str:
     near one: another run of the same command (`{env_id}__{exp_name}__{seed}__{unix_time}`;
     a command of several seeds keeps one checkpoint, in its first run's directory), or run
     directories inside the folder (a `--log-dir`). Else ""."""
+    def holds(d):
+        return os.path.isfile(os.path.join(d, LATEST))
+
     folder, name = os.path.split(path)
     if name != LATEST or not os.path.isdir(folder):
         return ""
-    def holds(d):
-        return os.path.isfile(os.path.join(d, LATEST))
     parent, run = os.path.split(os.path.abspath(folder))
     command = run.rsplit("__", 2)
     if len(command) == 3:

@@ -165,13 +165,13 @@ def start_or_resume(algo: str, config, run: RunOptions, train) -> Session:
     processes agree on the run, the state fits in memory, and the run's directories and
     checkpoint path are claimed and writable."""
     agree_across_processes(config, run)
+    hparams_of = jax.vmap(lambda _: config.hparams())  # one copy per run
     key_shapes = jax.ShapeDtypeStruct((run.num_seeds, 2), np.uint32)  # nothing made yet
-    template = jax.eval_shape(lambda k: jax.vmap(train.init)(k, jax.vmap(
-        lambda _: config.hparams())(k)), key_shapes)
+    template = jax.eval_shape(lambda k: jax.vmap(train.init)(k, hparams_of(k)), key_shapes)
     layout = Layout(run, config.num_envs, template)
     check_fits_in_memory(config, template, layout)
     keys = logger.seed_keys(run.seed, run.num_seeds)
-    hparams = jax.vmap(lambda _: config.hparams())(keys)
+    hparams = hparams_of(keys)
     session = Session(algo, config, run, train, layout, template,
                       layout.put(keys, layout.seeds), layout.put(hparams, layout.seeds))
     if run.resume:
