@@ -122,8 +122,8 @@ def side_by_side(algos, seeds, total_timesteps: int, repeats: int,
     for algo in algos:
         module = importlib.import_module(f"algos.{algo}")
         config = module.Config(env_id="CartPole-v1", total_timesteps=total_timesteps)
-        every = chunk_size(config.num_updates)  # the default chunk: a checkpoint after each
-        for n in seeds:
+        for n in seeds:  # the default chunk, a checkpoint after each
+            every = chunk_size(config.num_updates, steps_per_update=config.batch_size * n)
             args = ["--env-id", "CartPole-v1", "--total-timesteps", str(total_timesteps),
                     "--num-seeds", str(n), "--checkpoint-every", str(every)] + (
                         ["--num-devices", num_devices] if num_devices else [])
@@ -216,7 +216,7 @@ def checkpoint_cost(algo: str, seeds: int, total_timesteps: int) -> dict:
     hparams = jax.vmap(lambda _: config.hparams())(keys)
     template = jax.eval_shape(jax.vmap(train.init), keys, hparams)
     state = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), template)
-    chunk = chunk_size(config.num_updates)
+    chunk = chunk_size(config.num_updates, steps_per_update=config.batch_size * seeds)
     _, shapes = jax.eval_shape(jax.vmap(train.run_updates, in_axes=(0, 0, None)), template,
                                hparams, jax.ShapeDtypeStruct((chunk,), np.int32))
     shapes["global_step"] = jax.ShapeDtypeStruct((seeds, chunk), np.int64)  # as the host's

@@ -1,6 +1,6 @@
 """Checkpoints and exact resume (`common/host/checkpoint.py`, `common/host/cli.py`), through PPO's CLI.
 
-One small config (512 tiny updates, 2 seeds, chunks of 32) is trained once uninterrupted in
+One small config (512 tiny updates, 2 seeds, chunks of 64) is trained once uninterrupted in
 this process; every other run here (interrupted by SIGINT in-process, killed by SIGKILL in a
 subprocess, then resumed) must end with the same training state and metrics, bitwise. They
 share one compiled chunk through the session's persistent compilation cache (conftest).
@@ -28,9 +28,9 @@ from common.host import checkpoint, cli, logger
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARGS = ["--env-id", "CartPole-v1", "--total-timesteps", "65536", "--num-envs", "4",
         "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1", "--num-seeds", "2",
-        "--checkpoint-every", "64", "--eval-every", "128", "--eval-episodes", "4",
+        "--checkpoint-every", "128", "--eval-every", "128", "--eval-episodes", "4",
         "--num-devices", "1"]  # bitwise comparisons need one layout (2 seeds on 1 device)
-NUM_UPDATES = 512  # 16 chunks of 32 updates: cli.chunk_size(512, 64, 128) == 32
+NUM_UPDATES = 512  # 8 chunks of 64: cli.chunk_size(512, 128, 128, steps_per_update=256)
 
 
 def latest(log_dir) -> str:
@@ -120,7 +120,7 @@ def test_cli_run_equals_all_updates_in_one_call_and_logs_evaluations(reference):
 def test_interrupted_in_process_and_resumed_equals_uninterrupted(reference, tmp_path,
                                                                  monkeypatch, capsys):
     # Ctrl-C arrives while the 5th chunk's progress is printed: the run finishes that chunk,
-    # writes a checkpoint at update 5 * 32 = 160 (between the periodic ones at 128 and 192)
+    # writes a checkpoint at update 5 * 64 = 320 (between the periodic ones at 256 and 384)
     # and exits with 130.
     reports = []
     report = logger.Progress.report
@@ -138,16 +138,16 @@ def test_interrupted_in_process_and_resumed_equals_uninterrupted(reference, tmp_
     assert exit_info.value.code == 130
     path = latest(tmp_path)
     out = capsys.readouterr()
-    assert f"interrupted at update 160 of {NUM_UPDATES}; checkpoint: {path}" in out.out
+    assert f"interrupted at update 320 of {NUM_UPDATES}; checkpoint: {path}" in out.out
     assert "SIGINT: saving the last complete update and stopping" in out.err
-    assert checkpoint.load(path)["update"] == 160
+    assert checkpoint.load(path)["update"] == 320
     assert signal.getsignal(signal.SIGINT) is before  # the previous handler is restored
 
     # TensorBoard was written as training went: every update up to the interruption is there.
     run_dir = os.path.dirname(path)
     (before,) = tensorboard_files(run_dir)
     logged = returns_logged(before)
-    assert logged == sorted(logged) and logged[-1] == 160 * 128, logged[-3:]  # batch 4 x 32
+    assert logged == sorted(logged) and logged[-1] == 320 * 128, logged[-3:]  # batch 4 x 32
 
     monkeypatch.undo()
     metrics = main(["--resume", path])  # every other flag comes from the checkpoint
@@ -177,7 +177,7 @@ def test_sigkill_during_a_run_then_resume_completes_identically(reference, tmp_p
     assert run.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     path = latest(tmp_path)
     killed_at = checkpoint.load(path)["update"]  # whatever the moment, the file is whole
-    assert killed_at % 64 == 0 and 0 < killed_at < NUM_UPDATES
+    assert killed_at % 128 == 0 and 0 < killed_at < NUM_UPDATES
 
     result = subprocess.run([sys.executable, "algos/ppo.py", "--resume", path], cwd=ROOT,
                             capture_output=True, text=True, timeout=300)
@@ -204,9 +204,9 @@ def test_non_finite_parameter_keeps_the_last_good_checkpoint(tmp_path, capsys):
     train = make_train(config)
     run_updates = train.run_updates
 
-    def poisoned(state, hparams, updates):  # parameters turn NaN in the chunk of update 100
+    def poisoned(state, hparams, updates):  # parameters turn NaN in the chunk of update 200
         state, metrics = run_updates(state, hparams, updates)
-        nan = jnp.where(updates[-1] >= 100, jnp.nan, 0.0)
+        nan = jnp.where(updates[-1] >= 200, jnp.nan, 0.0)
         return state._replace(params=jax.tree.map(lambda p: p + nan, state.params)), metrics
 
     train.run_updates = poisoned
@@ -216,10 +216,10 @@ def test_non_finite_parameter_keeps_the_last_good_checkpoint(tmp_path, capsys):
     path = latest(tmp_path)
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: non-finite parameter ['params']") and \
-        "in update 128 (global step 16,384, seed 1)" in err, err  # the chunk 96-127
-    assert err.endswith(f"Last good checkpoint: {path} (update 64)."), err
+        "in update 256 (global step 32,768, seed 1)" in err, err  # the chunk 192-255
+    assert err.endswith(f"Last good checkpoint: {path} (update 128)."), err
     record = checkpoint.load(path)
-    assert record["update"] == 64
+    assert record["update"] == 128
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(record["train_state"]))
 
 
@@ -298,6 +298,11 @@ def test_chunk_size_divides_the_run_the_cadences_and_the_resume_point():
     assert cli.chunk_size(781) == 71  # 11 chunks, not 71
     assert cli.chunk_size(976) == 61  # 976 = 16 x 61: 16 chunks, not 61
     assert cli.chunk_size(6250) == 250  # 25 chunks, not 10
+    # Fewer chunks, down to 8, where 20 would hold under MIN_CHUNK_STEPS steps each.
+    assert cli.chunk_size(6250, steps_per_update=8 * 80) == 625  # 10 chunks of 400k steps
+    assert cli.chunk_size(6250, steps_per_update=32 * 80) == 250  # 16M steps: 25 chunks
+    assert cli.chunk_size(976, steps_per_update=512) == 122  # 5e5 steps: 8 chunks
+    assert cli.chunk_size(512, 128, 128, steps_per_update=256) == 64  # ARGS' chunks
 
 
 @pytest.mark.parametrize("algo, network", [("a2c", "auto"), ("impala", "lstm"),
@@ -306,7 +311,7 @@ def test_a2c_impala_and_recurrent_networks_resume_exactly_too(algo, network, tmp
                                                               monkeypatch):
     main = importlib.import_module(f"algos.{algo}").main
     args = ["--total-timesteps", "2560", "--num-envs", "4", "--num-steps", "20",
-            "--checkpoint-every", "8", "--num-seeds", "2"]  # 32 updates, chunks of one
+            "--checkpoint-every", "8", "--num-seeds", "2"]  # 32 updates, chunks of 4
     if network != "auto":  # the core's state of every environment is in the checkpoint
         args += ["--network", network, "--hidden-size", "16", "--env-id", "MaskedCartPole-v1"]
     if algo == "ppo":

@@ -344,7 +344,8 @@ def compile_programs(s: Session):
     checked on the device so the host fetches one flag per run, not the parameters), and the
     compiled evaluation (None without `--eval-every`)."""
     run, layout = s.run, s.layout
-    chunk = chunk_size(s.config.num_updates, run.checkpoint_every, run.eval_every, s.first)
+    chunk = chunk_size(s.config.num_updates, run.checkpoint_every, run.eval_every, s.first,
+                       steps_per_update=s.config.batch_size * run.num_seeds)
     state_shapes = layout.shapes(s.template, layout.state)
 
     def run_updates(state, hparams, updates):  # the name the compilation cache files carry
@@ -661,30 +662,42 @@ def final_return_text(final) -> str:
 # --------------------------------------------------------------------------------------------
 # Host-side pieces
 # --------------------------------------------------------------------------------------------
-def chunk_size(num_updates: int, *boundaries: int, target_chunks: int = 20) -> int:
+MIN_CHUNK_STEPS = 2**18
+"""A chunk's fewest environment steps, summed over the runs, before `chunk_size` takes fewer
+than 20 chunks (down to 8): the host's fixed work per chunk (a checkpoint, TensorBoard, the
+NaN guard, about 10 ms of CPU for 8 A2C runs) costs a short run of a fast program several
+percent at 20 chunks (docs/performance.md)."""
+
+
+def chunk_size(num_updates: int, *boundaries: int, steps_per_update: int = 0) -> int:
     """The chunk length: a divisor of `num_updates` that also divides every positive number
-    in `boundaries`, giving about `target_chunks` chunks.
+    in `boundaries`, giving about 20 chunks, or as few as 8 where chunks would hold fewer
+    than `MIN_CHUNK_STEPS` environment steps (`steps_per_update`: every run's steps in one
+    update; 0: 20 chunks).
 
     A divisor, so every chunk has the same length and one compiled program serves them all;
     `boundaries` are the checkpoint and evaluation cadences and the update a run resumes from,
     so that each falls exactly on the end of a chunk. Of the divisors that give between a
-    quarter of and four times `target_chunks` chunks, the one whose count is closest to it
-    (by ratio; a tie takes more chunks): 781 updates = 11 x 71 run as 11 chunks, not 71,
-    which, where every chunk is a barrier between the devices (one program over several, as
+    quarter of and four times the target count, the one whose count is closest to it (by
+    ratio; a tie takes more chunks): 781 updates = 11 x 71 run as 11 chunks, not 71, which,
+    where every chunk is a barrier between the devices (one program over several, as
     data-parallel runs have), cost 8 IMPALA seeds on 2 devices 9% of their speed. Without
-    such a divisor, the largest that gives at least `target_chunks` chunks (a prime length:
-    single updates).
+    such a divisor, the largest that gives at least the target count (a prime length: single
+    updates).
     """
+    target = 20
+    if steps_per_update:
+        target = min(20, max(8, num_updates * steps_per_update / MIN_CHUNK_STEPS))
     common = num_updates
     for b in boundaries:
         if b > 0:
             common = math.gcd(common, b)
     divisors = {d for i in range(1, math.isqrt(common) + 1) if common % i == 0
                 for d in (i, common // i)}  # O(sqrt(common)) steps: never a long search
-    near = [d for d in divisors if target_chunks / 4 <= num_updates / d <= 4 * target_chunks]
+    near = [d for d in divisors if target / 4 <= num_updates / d <= 4 * target]
     if near:
-        return min(near, key=lambda d: (abs(math.log(num_updates / d / target_chunks)), d))
-    limit = min(common, max(1, num_updates // target_chunks))
+        return min(near, key=lambda d: (abs(math.log(num_updates / d / target)), d))
+    limit = min(common, max(1, int(num_updates // target)))
     return max(d for d in divisors if d <= limit)
 
 
