@@ -81,8 +81,9 @@ def bare(algo: str, args: list[str], chunk_loop: bool = False) -> dict:
         session = cli.start_or_resume(algo, config, run, train)
         run_chunk, _, chunk = cli.compile_programs(session)
         state, start = session.state, time.perf_counter()
-        for begin in range(0, config.num_updates, chunk):
-            updates = layout.put(np.arange(begin, begin + chunk, dtype=np.int32), P())
+        for begin in range(0, config.num_updates, chunk):  # the last may be shorter
+            updates = layout.put(np.arange(begin, min(begin + chunk, config.num_updates),
+                                           dtype=np.int32), P())
             state = run_chunk(state, session.hparams, updates)[0]
         jax.block_until_ready(state)
         row["chunk_loop_sps"] = steps / (time.perf_counter() - start)

@@ -1,7 +1,7 @@
 """Checkpoints and exact resume (`common/host/checkpoint.py`, `common/host/cli.py`), through PPO's CLI.
 
-One small config (512 tiny updates, 2 seeds, chunks of 64) is trained once uninterrupted in
-this process; every other run here (interrupted by SIGINT in-process, killed by SIGKILL in a
+One small config (520 tiny updates, 2 seeds: 8 chunks of 64, then a last, shorter chunk of 8
+with its own compiled program) is trained once uninterrupted in this process; every other run here (interrupted by SIGINT in-process, killed by SIGKILL in a
 subprocess, then resumed) must end with the same training state and metrics, bitwise. They
 share one compiled chunk through the session's persistent compilation cache (conftest).
 """
@@ -26,11 +26,11 @@ from algos.ppo import Config, main, make_train
 from common.host import checkpoint, cli, logger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ARGS = ["--env-id", "CartPole-v1", "--total-timesteps", "65536", "--num-envs", "4",
+ARGS = ["--env-id", "CartPole-v1", "--total-timesteps", "66560", "--num-envs", "4",
         "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1", "--num-seeds", "2",
         "--checkpoint-every", "128", "--eval-every", "128", "--eval-episodes", "4",
         "--num-devices", "1"]  # bitwise comparisons need one layout (2 seeds on 1 device)
-NUM_UPDATES = 512  # 8 chunks of 64: cli.chunk_size(512, 128, 128, steps_per_update=256)
+NUM_UPDATES = 520  # 8 chunks of 64 and one of 8: cli.chunk_size(520, 128, 128, steps_per_update=256)
 
 
 def latest(log_dir) -> str:
@@ -97,9 +97,9 @@ def reference(tmp_path_factory):
 def test_cli_run_equals_all_updates_in_one_call_and_logs_evaluations(reference):
     metrics, record = reference
     assert metrics["global_step"].shape == (2, NUM_UPDATES)
-    # Evaluations ran at updates 128, 256, 384, 512 (rows 127, ...) and nowhere else.
+    # Evaluations ran at updates 128, 256, 384, 512 (rows 127, ...) and at the end, 520.
     evaluated = np.isfinite(metrics["eval_return"][0])
-    np.testing.assert_array_equal(np.flatnonzero(evaluated), [127, 255, 383, 511])
+    np.testing.assert_array_equal(np.flatnonzero(evaluated), [127, 255, 383, 511, 519])
     assert (metrics["eval_return"][:, evaluated] >= 8).all()
 
     # The same as `train.init` then all the updates in one call. (Not bitwise the same as
@@ -287,13 +287,18 @@ def test_config_differences_name_each_field_with_both_values():
         "learning_rate: 0.00025 -> 0.001", "target_kl: None -> 0.01"]
 
 
-def test_chunk_size_divides_the_run_the_cadences_and_the_resume_point():
+def test_chunk_size_divides_the_cadences_and_the_resume_point_and_the_run_where_it_can():
     assert cli.chunk_size(512) == 32  # 16 chunks: nearer 20 than 32 chunks
     assert cli.chunk_size(512, 64, 128) == 32
     assert cli.chunk_size(512, 64, 128, 80) == 16  # resumed at 80: gcd 16
-    assert cli.chunk_size(512, 12) == 4  # 128 chunks: no divisor near 20 divides 12
     assert cli.chunk_size(512, 0, 0, 0) == 32  # 0: no cadence, a fresh run
-    assert cli.chunk_size(97, 10) == 1
+    # No divisor of the run near 20 chunks: the cadence's divisor closest to 20 chunks, and a
+    # shorter last chunk (512 = 42 x 12 + 8, 97 = 19 x 5 + 2), not 128 or 97 chunks.
+    assert cli.chunk_size(512, 12) == 12
+    assert cli.chunk_size(97, 10) == 5
+    assert cli.chunk_size(97) == 5  # a prime, no cadence: 20 chunks, the last of 2
+    # A2C, 16 envs x 5 steps, 5e5 steps: 6247 updates (a prime) in 8 chunks, not 6247.
+    assert cli.chunk_size(6247, steps_per_update=80) == 781
     # Closest to 20 chunks by ratio, not the most chunks up to 20: 781 = 11 x 71.
     assert cli.chunk_size(781) == 71  # 11 chunks, not 71
     assert cli.chunk_size(976) == 61  # 976 = 16 x 61: 16 chunks, not 61
@@ -302,7 +307,7 @@ def test_chunk_size_divides_the_run_the_cadences_and_the_resume_point():
     assert cli.chunk_size(6250, steps_per_update=8 * 80) == 625  # 10 chunks of 400k steps
     assert cli.chunk_size(6250, steps_per_update=32 * 80) == 250  # 16M steps: 25 chunks
     assert cli.chunk_size(976, steps_per_update=512) == 122  # 5e5 steps: 8 chunks
-    assert cli.chunk_size(512, 128, 128, steps_per_update=256) == 64  # ARGS' chunks
+    assert cli.chunk_size(NUM_UPDATES, 128, 128, steps_per_update=256) == 64  # ARGS' chunks
 
 
 @pytest.mark.parametrize("algo, network", [("a2c", "auto"), ("impala", "lstm"),

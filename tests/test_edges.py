@@ -231,7 +231,7 @@ def test_running_out_of_memory_is_one_line(capsys):
 
 def test_the_chunk_size_search_is_short_for_any_run_length():
     start = time.perf_counter()
-    assert cli.chunk_size(2**31 - 1) == 1  # a prime: only whole single updates
+    assert cli.chunk_size(2**31 - 1) == 107_374_182  # a prime: 20 chunks and a last one of 7
     assert cli.chunk_size(2**30, 2**20) == 2**20
     assert cli.chunk_size(2**31 - 2, 6) == 6  # 2**31 - 2 = 2 * 3**2 * 7 * 11 * 31 * 151 * 331
     assert cli.chunk_size(1_953_125_000, 0, 0) == 97_656_250

@@ -4,7 +4,8 @@ chunks, log.
 `main(algo, Config, make_train)` is every algorithm's `main()`. It reads the run options
 (`common/host/options.py`) and the algorithm's `Config` from one flat list of flags, starts
 JAX's runtime for the devices asked for (`common/host/devices.py`), and trains `num_seeds`
-vmapped runs as a sequence of calls to one compiled chunk of updates (`train.run_updates`).
+vmapped runs as a sequence of calls to one compiled chunk of updates (`train.run_updates`;
+a shorter last chunk is a second program, `chunk_size`).
 While the devices run one chunk, the host handles the one before (file writes on a background
 thread, `logger.BackgroundWriter`):
 
@@ -339,10 +340,12 @@ def resume(path: str, algo: str, config, run: RunOptions, template):
 
 
 def compile_programs(s: Session):
-    """`(run_chunk, run_eval, chunk)`: the compiled chunk of `chunk` updates for every run,
-    returning `(state, metrics, finite)` (`finite[i]`: run i's parameters hold no NaN/inf,
-    checked on the device so the host fetches one flag per run, not the parameters), and the
-    compiled evaluation (None without `--eval-every`)."""
+    """`(run_chunk, run_eval, chunk)`: `run_chunk(state, hparams, updates)` runs the updates
+    numbered `updates` for every run and returns `(state, metrics, finite)` (`finite[i]`: run
+    i's parameters hold no NaN/inf, checked on the device so the host fetches one flag per
+    run, not the parameters), compiled for chunks of `chunk` updates and, where `chunk` does
+    not divide the updates left, for the shorter last one; and the compiled evaluation (None
+    without `--eval-every`)."""
     run, layout = s.run, s.layout
     chunk = chunk_size(s.config.num_updates, run.checkpoint_every, run.eval_every, s.first,
                        steps_per_update=s.config.batch_size * run.num_seeds)
@@ -353,11 +356,19 @@ def compile_programs(s: Session):
         finite = [jnp.isfinite(p).all() for p in jax.tree.leaves(state.params)]
         return state, metrics, jnp.stack(finite).all()
 
-    run_chunk = layout.compile(jax.vmap(run_updates, in_axes=(0, 0, None)),
-                               (layout.state, layout.seeds, P()),
-                               (layout.state, layout.seeds, layout.seeds),
-                               state_shapes, layout.shapes(s.hparams, layout.seeds),
-                               layout.shapes(jnp.arange(chunk), P()))
+    def compile_chunk(length: int):
+        return layout.compile(jax.vmap(run_updates, in_axes=(0, 0, None)),
+                              (layout.state, layout.seeds, P()),
+                              (layout.state, layout.seeds, layout.seeds),
+                              state_shapes, layout.shapes(s.hparams, layout.seeds),
+                              layout.shapes(jnp.arange(length), P()))
+
+    last = (s.config.num_updates - s.first) % chunk  # a shorter last chunk (0: none)
+    programs = {n: compile_chunk(n) for n in (chunk, last) if n}
+
+    def run_chunk(state, hparams, updates):
+        return programs[updates.shape[0]](state, hparams, updates)
+
     run_eval = None
     if run.eval_every:
         from common.envs import make_env
@@ -399,16 +410,16 @@ def train_in_chunks(s: Session, run_chunk, run_eval, chunk: int):
     progress.report(s.first * config.batch_size, [])
     alone = jax.process_count() == 1
 
-    def dispatch(state, begin):
-        updates = s.layout.put(np.arange(begin, begin + chunk, dtype=np.int32), P())
-        return run_chunk(state, s.hparams, updates)
+    def dispatch(state, begin):  # the last chunk may be shorter
+        updates = np.arange(begin, min(begin + chunk, num_updates), dtype=np.int32)
+        return run_chunk(state, s.hparams, s.layout.put(updates, P()))
 
     try:
         with Interrupt(partial(stop_at_once, s)) as interrupt, peers_alive(), \
                 out_of_memory_is_one_line(config), logger.BackgroundWriter() as s.files:
             pending = dispatch(s.state, s.first)
             for begin in range(s.first, num_updates, chunk):
-                end = begin + chunk
+                end = min(begin + chunk, num_updates)
                 state, metrics, finite = pending
                 if end < num_updates:  # the devices start on the next chunk, the host works
                     pending = dispatch(state, end)
@@ -670,35 +681,42 @@ percent at 20 chunks (docs/performance.md)."""
 
 
 def chunk_size(num_updates: int, *boundaries: int, steps_per_update: int = 0) -> int:
-    """The chunk length: a divisor of `num_updates` that also divides every positive number
-    in `boundaries`, giving about 20 chunks, or as few as 8 where chunks would hold fewer
-    than `MIN_CHUNK_STEPS` environment steps (`steps_per_update`: every run's steps in one
-    update; 0: 20 chunks).
+    """The chunk length L: about 20 chunks, or as few as 8 where chunks would hold fewer than
+    `MIN_CHUNK_STEPS` environment steps (`steps_per_update`: every run's steps in one update;
+    0: 20 chunks). L divides every positive number in `boundaries` (the checkpoint and
+    evaluation cadences, and the update a run resumes from), so that each falls exactly on the
+    end of a chunk; the chunks run from the resume point in steps of L, and the last one is
+    shorter where L does not divide `num_updates` (`num_updates % L` updates, a second
+    compiled program).
 
-    A divisor, so every chunk has the same length and one compiled program serves them all;
-    `boundaries` are the checkpoint and evaluation cadences and the update a run resumes from,
-    so that each falls exactly on the end of a chunk. Of the divisors that give between a
+    One program where it can: of the L that divide `num_updates` as well and give between a
     quarter of and four times the target count, the one whose count is closest to it (by
-    ratio; a tie takes more chunks): 781 updates = 11 x 71 run as 11 chunks, not 71, which,
+    ratio; a tie takes more chunks). 781 updates = 11 x 71 run as 11 chunks, not 71, which,
     where every chunk is a barrier between the devices (one program over several, as
-    data-parallel runs have), cost 8 IMPALA seeds on 2 devices 9% of their speed. Without
-    such a divisor, the largest that gives at least the target count (a prime length: single
-    updates).
+    data-parallel runs have), cost 8 IMPALA seeds on 2 devices 9% of their speed. Otherwise
+    (a prime number of updates, or a cadence sharing no factor with it) the L closest to the
+    target count, with a shorter last chunk, never thousands of chunks of a few updates.
     """
     target = 20
     if steps_per_update:
         target = min(20, max(8, num_updates * steps_per_update / MIN_CHUNK_STEPS))
-    common = num_updates
+    cadence = 0  # gcd(0, b) = b: the cadences' common divisor (0: none)
     for b in boundaries:
         if b > 0:
-            common = math.gcd(common, b)
-    divisors = {d for i in range(1, math.isqrt(common) + 1) if common % i == 0
-                for d in (i, common // i)}  # O(sqrt(common)) steps: never a long search
-    near = [d for d in divisors if target / 4 <= num_updates / d <= 4 * target]
+            cadence = math.gcd(cadence, b)
+    closeness = lambda d: (abs(math.log(num_updates / d / target)), d)  # noqa: E731
+    even = divisors(math.gcd(num_updates, cadence))
+    near = [d for d in even if target / 4 <= num_updates / d <= 4 * target]
     if near:
-        return min(near, key=lambda d: (abs(math.log(num_updates / d / target)), d))
-    limit = min(common, max(1, int(num_updates // target)))
-    return max(d for d in divisors if d <= limit)
+        return min(near, key=closeness)
+    if not cadence:
+        return max(1, round(num_updates / target))
+    return min((d for d in divisors(cadence) if d <= num_updates), key=closeness)
+
+
+def divisors(n: int) -> set:
+    """The divisors of `n` >= 1, in O(sqrt(n)) steps."""
+    return {d for i in range(1, math.isqrt(n) + 1) if n % i == 0 for d in (i, n // i)}
 
 
 def first_non_finite(metrics: dict, params, first_update: int):
