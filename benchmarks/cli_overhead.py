@@ -5,11 +5,14 @@ start-to-exit time of the default command goes.
     python benchmarks/cli_overhead.py --algos ppo --seeds 1 8 --repeats 3
     python benchmarks/cli_overhead.py --start-only          # the default PPO command, cold/warm
     python benchmarks/cli_overhead.py --algos ppo --seeds 8 --chunk-loop --no-start  # + chunks alone
+    python benchmarks/cli_overhead.py --seeds 1 8 --prime-updates --no-start  # a shorter last chunk
     python benchmarks/cli_overhead.py --checkpoint-cost --algos a2c --seeds 32 --total-timesteps 5e6
 
 For each (algorithm, seed count), on CartPole with that algorithm's defaults and
-`--total-timesteps` steps per seed, each in a fresh process, alternating (bare, cli, cli, bare,
-...: a slow drift of the machine's speed weighs on both alike), `--repeats` times:
+`--total-timesteps` steps per seed (`--prime-updates`: the largest prime number of updates
+within them, so that the last chunk is shorter than the others), each in a fresh process,
+alternating (bare, cli, cli, bare, ...: a slow drift of the machine's speed weighs on both
+alike), `--repeats` times:
 
 - **bare**: `vmap(train)` compiled as the command line compiles its chunks for the same flags
   (`common.host.flags.parse`, `setup_devices`, `Layout.compile`: one program per device for
@@ -31,6 +34,7 @@ all rows so far serialised and hashed again at every save. Raw rows:
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -113,8 +117,14 @@ def run_cli(algo, args, cache: str) -> dict:
             "sps": figures["sps"], "final_return": figures["mean"]}
 
 
+def largest_prime_at_most(n: int) -> int:
+    is_prime = lambda k: k > 1 and all(k % i for i in range(2, math.isqrt(k) + 1))  # noqa: E731
+    return next(k for k in range(n, 1, -1) if is_prime(k))
+
+
 def side_by_side(algos, seeds, total_timesteps: int, repeats: int,
-                 chunk_loop: bool = False, num_devices=None) -> list[dict]:
+                 chunk_loop: bool = False, num_devices=None,
+                 prime_updates: bool = False) -> list[dict]:
     import importlib
 
     from common.host.cli import chunk_size
@@ -123,9 +133,13 @@ def side_by_side(algos, seeds, total_timesteps: int, repeats: int,
     for algo in algos:
         module = importlib.import_module(f"algos.{algo}")
         config = module.Config(env_id="CartPole-v1", total_timesteps=total_timesteps)
+        steps = total_timesteps
+        if prime_updates:  # no divisor of the updates gives a chunk count near 20
+            steps = config.batch_size * largest_prime_at_most(config.num_updates)
+            config = module.Config(env_id="CartPole-v1", total_timesteps=steps)
         for n in seeds:  # the default chunk, a checkpoint after each
             every = chunk_size(config.num_updates, steps_per_update=config.batch_size * n)
-            args = ["--env-id", "CartPole-v1", "--total-timesteps", str(total_timesteps),
+            args = ["--env-id", "CartPole-v1", "--total-timesteps", str(steps),
                     "--num-seeds", str(n), "--checkpoint-every", str(every)] + (
                         ["--num-devices", num_devices] if num_devices else [])
             bares, clis = [], []
@@ -136,7 +150,8 @@ def side_by_side(algos, seeds, total_timesteps: int, repeats: int,
                     for run in pair[::-1] if i % 2 else pair:
                         run()
             row = {"algo": algo, "seeds": n, "steps_per_seed": config.num_updates *
-                   config.batch_size, "checkpoint_every": every,
+                   config.batch_size, "updates": config.num_updates, "checkpoint_every": every,
+                   "chunks": -(-config.num_updates // every),
                    "devices": bares[0]["devices"],
                    "bare_sps": statistics.median(b["sps"] for b in bares),
                    "cli_sps": statistics.median(c["sps"] for c in clis),
@@ -151,7 +166,8 @@ def side_by_side(algos, seeds, total_timesteps: int, repeats: int,
                 loop = (f" | chunks alone {row['chunk_loop_sps']:>10,.0f} SPS "
                         f"({row['chunk_loop_sps'] / row['bare_sps']:.3f} of bare)")
             rows.append(row)
-            print(f"{algo:6s} {n:3d} seeds on {row['devices']} device(s): bare "
+            print(f"{algo:6s} {n:3d} seeds on {row['devices']} device(s), "
+                  f"{config.num_updates} updates in {row['chunks']} chunks: bare "
                   f"{row['bare_sps']:>10,.0f} SPS | cli {row['cli_sps']:>10,.0f} SPS | "
                   f"cli/bare {row['ratio']:.3f} (pairs {row['paired_ratio']:.3f}){loop}",
                   flush=True)
@@ -260,6 +276,9 @@ def main():
                         help="also time the compiled chunks back to back with no host work")
     parser.add_argument("--num-devices", help="passed on to the command line (0: all)")
     parser.add_argument("--no-start", action="store_true")
+    parser.add_argument("--prime-updates", action="store_true",
+                        help="each algorithm's largest prime number of updates within "
+                             "--total-timesteps (chunks of one length do not divide it)")
     parser.add_argument("--checkpoint-cost", action="store_true",
                         help="time the checkpoints of one long run instead (see above)")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results",
@@ -276,7 +295,8 @@ def main():
                                      for algo in args.algos for n in args.seeds]
     elif not args.start_only:
         record["side_by_side"] = side_by_side(args.algos, args.seeds, args.total_timesteps,
-                                              args.repeats, args.chunk_loop, args.num_devices)
+                                              args.repeats, args.chunk_loop, args.num_devices,
+                                              args.prime_updates)
     if not args.no_start and not args.checkpoint_cost:
         record["start_to_exit"] = start_to_exit(args.repeats)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
