@@ -34,7 +34,6 @@ all rows so far serialised and hashed again at every save. Raw rows:
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -117,17 +116,12 @@ def run_cli(algo, args, cache: str) -> dict:
             "sps": figures["sps"], "final_return": figures["mean"]}
 
 
-def largest_prime_at_most(n: int) -> int:
-    is_prime = lambda k: k > 1 and all(k % i for i in range(2, math.isqrt(k) + 1))  # noqa: E731
-    return next(k for k in range(n, 1, -1) if is_prime(k))
-
-
 def side_by_side(algos, seeds, total_timesteps: int, repeats: int,
                  chunk_loop: bool = False, num_devices=None,
                  prime_updates: bool = False) -> list[dict]:
     import importlib
 
-    from common.host.cli import chunk_size
+    from common.host.cli import chunk_size, divisors
 
     rows = []
     for algo in algos:
@@ -135,7 +129,8 @@ def side_by_side(algos, seeds, total_timesteps: int, repeats: int,
         config = module.Config(env_id="CartPole-v1", total_timesteps=total_timesteps)
         steps = total_timesteps
         if prime_updates:  # no divisor of the updates gives a chunk count near 20
-            steps = config.batch_size * largest_prime_at_most(config.num_updates)
+            prime = next(k for k in range(config.num_updates, 1, -1) if len(divisors(k)) == 2)
+            steps = config.batch_size * prime
             config = module.Config(env_id="CartPole-v1", total_timesteps=steps)
         for n in seeds:  # the default chunk, a checkpoint after each
             every = chunk_size(config.num_updates, steps_per_update=config.batch_size * n)
