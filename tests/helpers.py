@@ -107,3 +107,18 @@ def save_initial(path, algo: str, num_seeds: int = 1, **overrides) -> str:
                     run_names=[f"{algo}_run_{i}" for i in range(num_seeds)], update=0,
                     run_time=0, train_state=state, metrics={})
     return str(path)
+
+
+def record_progress(monkeypatch) -> list:
+    """The step counts the command line reports from now on (`logger.Progress.report` patched
+    to record them): a resumed run's first report is the step it resumed from, one report a
+    chunk after that, so a test sees that it continued rather than trained from the start."""
+    steps = []
+    report = logger.Progress.report
+
+    def recorded(self, step, *args, **kwargs):
+        steps.append(int(step))
+        return report(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(logger.Progress, "report", recorded)
+    return steps

@@ -24,6 +24,7 @@ from flax import serialization
 
 from algos.ppo import Config, main, make_train
 from common.host import checkpoint, cli, logger
+from helpers import record_progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARGS = ["--env-id", "CartPole-v1", "--total-timesteps", "66560", "--num-envs", "4",
@@ -150,8 +151,11 @@ def test_interrupted_in_process_and_resumed_equals_uninterrupted(reference, tmp_
     assert logged == sorted(logged) and logged[-1] == 320 * 128, logged[-3:]  # batch 4 x 32
 
     monkeypatch.undo()
+    steps = record_progress(monkeypatch)
     metrics = main(["--resume", path])  # every other flag comes from the checkpoint
     assert_same_run(metrics, checkpoint.load(path), reference)
+    # It went on from update 320: chunks ending at 384, 448, 512, then the last one at 520.
+    assert steps == [u * 128 for u in (320, 384, 448, 512, NUM_UPDATES)], steps
     # The resumed run's file starts by purging what the first process wrote (a SessionLog
     # START at step 0: TensorBoard hides older events from step 0 on), then logs every
     # update once, the saved ones included.
@@ -183,6 +187,9 @@ def test_sigkill_during_a_run_then_resume_completes_identically(reference, tmp_p
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "done: PPO on CartPole-v1, 2 run(s)" in result.stdout
+    # It went on from the checkpoint: its first progress line is at the saved update.
+    first = next(line for line in result.stdout.splitlines() if "] step " in line)
+    assert f"step {killed_at * 128:>12,}/{NUM_UPDATES * 128:,} " in first, first
     record = checkpoint.load(path)
     assert_same_run(record["metrics"], record, reference)
 
@@ -337,8 +344,11 @@ def test_a2c_impala_and_recurrent_networks_resume_exactly_too(algo, network, tmp
     assert exit_info.value.code == 130
     monkeypatch.undo()
     path = latest(tmp_path / "interrupted")
-    assert 0 < checkpoint.load(path)["update"] < 32
+    saved = checkpoint.load(path)["update"]
+    assert 0 < saved < 32
+    steps = record_progress(monkeypatch)
     metrics = main(["--resume", path])
+    assert steps == [u * 80 for u in range(saved, 33, 4)], (saved, steps)  # from `saved` on
     for k in reference:
         np.testing.assert_array_equal(metrics[k], reference[k], err_msg=k)
     ours = checkpoint.load(path)["train_state"]

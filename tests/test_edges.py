@@ -19,7 +19,7 @@ import pytest
 from algos.ppo import main
 from common.host import checkpoint, cli
 from common.host.logger import Progress
-from helpers import save_initial
+from helpers import record_progress, save_initial
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "32",
@@ -102,7 +102,8 @@ def test_every_corrupted_byte_is_refused_and_names_the_previous_checkpoint(tmp_p
         checkpoint.load(path)
 
 
-def test_two_checkpoints_are_kept_and_the_previous_one_resumes_into_the_latest(tmp_path):
+def test_two_checkpoints_are_kept_and_the_previous_one_resumes_into_the_latest(tmp_path,
+                                                                             monkeypatch):
     args = TINY + ["--log-dir", str(tmp_path), "--checkpoint-every", "4"]
     reference = main(args)
     (path,) = glob.glob(str(tmp_path / "*" / checkpoint.LATEST))
@@ -118,7 +119,9 @@ def test_two_checkpoints_are_kept_and_the_previous_one_resumes_into_the_latest(t
     assert exit_info.value.code == 2
     # Resuming the previous checkpoint trains the last chunk again and rewrites the latest,
     # keeping the good previous file (not the corrupt one) as the one before it.
+    steps = record_progress(monkeypatch)
     metrics = main(["--resume", previous])
+    assert steps[0] == 12 * 128 and steps[-1] == 16 * 128, steps  # from update 12 on
     for k in reference:
         np.testing.assert_array_equal(metrics[k], reference[k], err_msg=k)
     assert checkpoint.load(path)["update"] == 16 and checkpoint.load(previous)["update"] == 12
@@ -146,7 +149,9 @@ def test_a_full_disk_stops_the_run_with_one_line_and_keeps_the_last_checkpoint(
     assert checkpoint.load(path)["update"] == 8
     assert not glob.glob(str(tmp_path / "*" / ".tmp-*"))  # no temporary file left behind
     monkeypatch.undo()
+    steps = record_progress(monkeypatch)
     metrics = main(["--resume", path])  # and the run goes on from there
+    assert steps[0] == 8 * 128 and steps[-1] == 16 * 128, steps  # from update 8 on
     assert metrics["episodic_return"].shape == (1, 16)
 
 
