@@ -31,6 +31,8 @@ def files(tmp_path_factory):
     """Paths for the `{name}` placeholders of the catalogue."""
     d = tmp_path_factory.mktemp("bad_input")
     good = save_initial(d / "ppo.msgpack", "ppo")
+    # PPO settings that IMPALA's Config refuses (it splits minibatches by environment)
+    save_initial(d / "ppo_mb3.msgpack", "ppo", num_steps=96, num_minibatches=3)
     data = open(good, "rb").read()
     (d / "truncated.msgpack").write_bytes(data[: len(data) // 2])
     (d / "corrupt.msgpack").write_bytes(np.random.default_rng(0).bytes(4096))
@@ -48,7 +50,8 @@ def files(tmp_path_factory):
         run.mkdir(parents=True)
     (first / "latest.msgpack").write_bytes(data)  # a command of two seeds: one checkpoint
 
-    return {"ckpt": good, "truncated": str(d / "truncated.msgpack"),
+    return {"ckpt": good, "ppo_mb3": str(d / "ppo_mb3.msgpack"),
+            "truncated": str(d / "truncated.msgpack"),
             "corrupt": str(d / "corrupt.msgpack"), "empty": str(d / "empty.msgpack"),
             "foreign": str(d / "foreign.msgpack"), "missing": str(d / "nowhere.msgpack"),
             "dir": str(d / "run_without_checkpoint"), "flipped": str(d / "flipped.msgpack"),
@@ -209,6 +212,8 @@ CATALOGUE = [
     ("ppo", ["--resume", "{logs}"], "no checkpoint file at '{logs}/latest.msgpack'. Run "
                                     "directories in it hold checkpoints: '{first_run}'."),
     ("a2c", ["--resume", "{ckpt}"], "'{ckpt}' holds a ppo run; resume it with algos/ppo.py"),
+    ("impala", ["--resume", "{ppo_mb3}"],  # the algorithm named before its config is read
+     "'{ppo_mb3}' holds a ppo run; resume it with algos/ppo.py"),
     ("ppo", ["--resume", "{ckpt}", "--normalize-reward"], "normalize_reward: False -> True"),
     ("a2c", ["--resume", "{gru}", "--network", "mlp"], "network: 'gru' -> 'mlp'"),
     ("a2c", ["--resume", "{gru}", "--network", "lstm"], "network: 'gru' -> 'lstm'"),

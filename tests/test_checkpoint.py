@@ -315,6 +315,10 @@ def test_chunk_size_divides_the_cadences_and_the_resume_point_and_the_run_where_
     assert cli.chunk_size(6250, steps_per_update=32 * 80) == 250  # 16M steps: 25 chunks
     assert cli.chunk_size(976, steps_per_update=512) == 122  # 5e5 steps: 8 chunks
     assert cli.chunk_size(NUM_UPDATES, 128, 128, steps_per_update=256) == 64  # ARGS' chunks
+    # A cadence as long as the run or longer never falls inside it: it constrains nothing
+    # (it made 3906 updates run as 3906 chunks of one).
+    assert cli.chunk_size(3906, 4001, 3906, steps_per_update=512) == \
+        cli.chunk_size(3906, steps_per_update=512) == 434
 
 
 @pytest.mark.parametrize("algo, network", [("a2c", "auto"), ("impala", "lstm"),

@@ -103,7 +103,8 @@ def test_every_corrupted_byte_is_refused_and_names_the_previous_checkpoint(tmp_p
 
 
 def test_two_checkpoints_are_kept_and_the_previous_one_resumes_into_the_latest(tmp_path,
-                                                                             monkeypatch):
+                                                                             monkeypatch,
+                                                                             capsys):
     args = TINY + ["--log-dir", str(tmp_path), "--checkpoint-every", "4"]
     reference = main(args)
     (path,) = glob.glob(str(tmp_path / "*" / checkpoint.LATEST))
@@ -117,10 +118,23 @@ def test_two_checkpoints_are_kept_and_the_previous_one_resumes_into_the_latest(t
     with pytest.raises(SystemExit) as exit_info:
         main(["--resume", path])
     assert exit_info.value.code == 2
-    # Resuming the previous checkpoint trains the last chunk again and rewrites the latest,
-    # keeping the good previous file (not the corrupt one) as the one before it.
+    # Resuming the previous checkpoint and stopped during its first chunk, the run saves the
+    # state it resumed to the latest file, the one its message says to resume.
+    def interrupted(*args, **kwargs):  # as `wait_for` is when a signal comes mid-chunk
+        signal.raise_signal(signal.SIGINT)
+        return False
+
+    monkeypatch.setattr(cli, "wait_for", interrupted)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--resume", previous])
+    assert exit_info.value.code == 130
+    assert f"interrupted at update 12 of 16; checkpoint: {path}\n" in capsys.readouterr().out
+    assert checkpoint.load(path)["update"] == 12 and checkpoint.load(previous)["update"] == 12
+    monkeypatch.undo()
+    # Resumed, it trains the last chunks again and rewrites the latest, keeping the good
+    # previous file (not the corrupt one) as the one before it.
     steps = record_progress(monkeypatch)
-    metrics = main(["--resume", previous])
+    metrics = main(["--resume", path])
     assert steps[0] == 12 * 128 and steps[-1] == 16 * 128, steps  # from update 12 on
     for k in reference:
         np.testing.assert_array_equal(metrics[k], reference[k], err_msg=k)
@@ -134,8 +148,8 @@ def test_a_full_disk_stops_the_run_with_one_line_and_keeps_the_last_checkpoint(
 
     def fill_up(tmp, data):
         writes.append(tmp)
-        if len(writes) == 3:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), tmp)
+        if len(writes) == 3:  # as `write` raises it: no file name
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         write(tmp, data)
 
     monkeypatch.setattr(checkpoint, "_write", fill_up)
@@ -145,8 +159,11 @@ def test_a_full_disk_stops_the_run_with_one_line_and_keeps_the_last_checkpoint(
     line = one_error_line(capsys.readouterr().err)
     (path,) = glob.glob(str(tmp_path / "*" / checkpoint.LATEST))
     assert "No space left on device" in line
+    assert line.startswith(f"error: could not write {path} (No space left"), line
     assert f"Last complete checkpoint: {path} (update 8)." in line, line
     assert checkpoint.load(path)["update"] == 8
+    # The failed write left the previous checkpoint as it was, not a second copy of update 8.
+    assert checkpoint.load(checkpoint.previous_path(path))["update"] == 4
     assert not glob.glob(str(tmp_path / "*" / ".tmp-*"))  # no temporary file left behind
     monkeypatch.undo()
     steps = record_progress(monkeypatch)

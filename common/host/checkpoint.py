@@ -36,9 +36,10 @@ every array's shape and dtype is checked against it.
 Writes are atomic: the bytes go to a temporary file in the same directory, are flushed and
 fsync'ed, and the file is renamed over the old one (`os.replace`, atomic on POSIX), then the
 directory is fsync'ed. A process killed at any moment, or a disk that fills up, leaves either
-the old checkpoint or the new one, never a partial file. Two checkpoints are kept: before the
-new one replaces `latest.msgpack`, the old one becomes `latest.previous.msgpack` (a hard link,
-so there is no moment without a latest), and a corrupted latest file names its intact
+the old checkpoint or the new one, never a partial file. Two checkpoints are kept: once the
+new one is written, and before it replaces `latest.msgpack`, the old one becomes
+`latest.previous.msgpack` (a hard link, so there is no moment without a latest; a write that
+fails leaves both files as they were), and a corrupted latest file names its intact
 predecessor to resume instead.
 """
 
@@ -168,7 +169,8 @@ class Rows:
 def save(path: str, *, algo: str, config: dict, run: dict, run_names: list, update: int,
          run_time: int, train_state, metrics, keep_previous: bool = True):
     """Write a checkpoint to `path` atomically (see the module docstring); with
-    `keep_previous`, the file already at `path` becomes `previous_path(path)` first.
+    `keep_previous`, the file already at `path` becomes `previous_path(path)` once the new
+    file is written, just before the new file replaces it.
 
     `metrics`: the rows so far, a `Rows` (kept by a caller that checkpoints as it goes) or one
     dict of metric name -> array [num_seeds, update]."""
@@ -190,9 +192,11 @@ def save(path: str, *, algo: str, config: dict, run: dict, run_names: list, upda
                                             "payload": payload, "metrics": blobs})
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    if keep_previous and os.path.isfile(path):
-        _replace_atomically(previous_path(path), lambda tmp: _link_or_copy(path, tmp))
-    _replace_atomically(path, lambda tmp: _write(tmp, data))
+    def keep():  # only once the new file is whole: a failed write leaves both as they were
+        if keep_previous and os.path.isfile(path):
+            _replace_atomically(previous_path(path), lambda tmp: _link_or_copy(path, tmp))
+
+    _replace_atomically(path, lambda tmp: _write(tmp, data), before_rename=keep)
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)  # make the renames themselves durable
@@ -200,19 +204,35 @@ def save(path: str, *, algo: str, config: dict, run: dict, run_names: list, upda
         os.close(dir_fd)
 
 
+def check_algo(record: dict, algo: str, path: str):
+    """Raise `CheckpointError` unless the checkpoint `record` (read from `path`) is a run of
+    `algo`: its config is another algorithm's, so this is checked before anything reads it."""
+    if record["algo"] != algo:
+        raise CheckpointError(f"{path!r} holds a {record['algo']} run; resume it with "
+                              f"algos/{record['algo']}.py, not algos/{algo}.py.")
+
+
 def _checksum(payload: bytes, digests: list) -> str:
     """The hash list: SHA-256 of the payload's digest followed by each metrics chunk's."""
     return hashlib.sha256(hashlib.sha256(payload).digest() + b"".join(digests)).hexdigest()
 
 
-def _replace_atomically(path: str, make):
-    """`make(tmp)` a temporary file beside `path`, then rename it over `path`."""
+def _replace_atomically(path: str, make, before_rename=None):
+    """`make(tmp)` a temporary file beside `path`, call `before_rename()`, then rename the
+    file over `path`. An `OSError` without a file name (a full disk) is given the temporary
+    file's."""
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".msgpack",
                                dir=os.path.dirname(os.path.abspath(path)))
     os.close(fd)
     writing.add(tmp)
     try:
-        make(tmp)
+        try:
+            make(tmp)
+        except OSError as error:
+            error.filename = error.filename or tmp
+            raise
+        if before_rename is not None:
+            before_rename()
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -114,6 +114,8 @@ class Session:
     """The update of the last checkpoint queued for writing."""
     written_update: int | None = None
     """The update of the last checkpoint known to be on disk."""
+    written_path: str = ""
+    """Its file: `path`, or until this run writes one, the previous file it resumed from."""
     latest_is_ours: bool = False
     """Whether the file at `path` is a checkpoint this run wrote or verified (only then does
     a new checkpoint keep it as the previous one)."""
@@ -196,7 +198,10 @@ def start_or_resume(algo: str, config, run: RunOptions, train) -> Session:
         session.first, session.run_time = record["update"], record["run_time"]
         session.names = list(record["run_names"])
         session.rows = [record["metrics"]] if session.first > 0 else []
-        session.saved_update = session.written_update = session.first
+        # Resumed from the previous file, `path` does not hold this state: a stop before the
+        # next checkpoint writes it there, and until then messages name the file resumed.
+        session.saved_update = session.first if session.latest_is_ours else None
+        session.written_update, session.written_path = session.first, given
         return session
     session.run_time = int(from_process_0(int(time.time())))  # process 0's clock names the run
     session.names = claim_run_dirs(config, run, session.run_time, session.writer)
@@ -324,10 +329,7 @@ def resume(path: str, algo: str, config, run: RunOptions, template):
     """`(train state, checkpoint record)` to continue `config`'s run of `algo` from the
     checkpoint at `path`; `CheckpointError` names what does not match."""
     record = checkpoint.load(path)
-    if record["algo"] != algo:
-        raise checkpoint.CheckpointError(
-            f"{path!r} holds a {record['algo']} run; resume it with algos/{record['algo']}.py, "
-            f"not algos/{algo}.py.")
+    checkpoint.check_algo(record, algo, path)
     now = {k: getattr(run, k) for k in RESUME_MUST_MATCH}
     differences = checkpoint.config_differences(record["config"], dataclasses.asdict(config)) \
         + checkpoint.config_differences({k: record["run"].get(k) for k in now}, now)
@@ -363,8 +365,8 @@ def compile_programs(s: Session):
                               state_shapes, layout.shapes(s.hparams, layout.seeds),
                               layout.shapes(jnp.arange(length), P()))
 
-    last = (s.config.num_updates - s.first) % chunk  # a shorter last chunk (0: none)
-    programs = {n: compile_chunk(n) for n in (chunk, last) if n}
+    left = s.config.num_updates - s.first  # a resumed run may have less than a chunk left
+    programs = {n: compile_chunk(n) for n in sorted({min(chunk, left), left % chunk}) if n}
 
     def run_chunk(state, hparams, updates):
         return programs[updates.shape[0]](state, hparams, updates)
@@ -528,7 +530,7 @@ def last_checkpoint(s: Session) -> str:
     """`path (update N)` of the last checkpoint on disk, for messages."""
     if s.written_update is None:
         return "none was written"
-    return f"{s.path} (update {s.written_update})"
+    return f"{s.written_path or s.path} (update {s.written_update})"
 
 
 def recent_returns(rows: list, recent=None) -> np.ndarray:
@@ -632,7 +634,7 @@ def write_checkpoint(s: Session, metrics: list, **record):
     for rows in metrics[len(s.packed):]:
         s.packed.append(rows)
     checkpoint.save(s.path, keep_previous=s.latest_is_ours, metrics=s.packed, **record)
-    s.latest_is_ours, s.written_update = True, record["update"]
+    s.latest_is_ours, s.written_update, s.written_path = True, record["update"], s.path
 
 
 def summarise(s: Session) -> dict:
@@ -702,7 +704,7 @@ def chunk_size(num_updates: int, *boundaries: int, steps_per_update: int = 0) ->
         target = min(20, max(8, num_updates * steps_per_update / MIN_CHUNK_STEPS))
     cadence = 0  # gcd(0, b) = b: the cadences' common divisor (0: none)
     for b in boundaries:
-        if b > 0:
+        if 0 < b < num_updates:  # a cadence as long as the run falls only on its end
             cadence = math.gcd(cadence, b)
     closeness = lambda d: (abs(math.log(num_updates / d / target)), d)  # noqa: E731
     even = divisors(math.gcd(num_updates, cadence))

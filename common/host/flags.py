@@ -48,7 +48,9 @@ def parse(algo: str, config_cls, argv=None):
         saved_run, saved_config, tuned = {"exp_name": algo}, {}, {}
         resume = _flag_value(argv, "--resume")
         if resume is not None:
-            record = checkpoint.load(checkpoint.resolve(resume))
+            path = checkpoint.resolve(resume)
+            record = checkpoint.load(path)
+            checkpoint.check_algo(record, algo, path)  # before its config meets ours
             saved_run, saved_config = record["run"], record["config"]
         elif "--no-presets" not in argv:  # the named environment's tuned settings
             env_id = _flag_value(argv, "--env-id") or _default(config_cls, "env_id")
