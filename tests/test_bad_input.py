@@ -212,6 +212,8 @@ CATALOGUE = [
     ("ppo", ["--resume", "{logs}"], "no checkpoint file at '{logs}/latest.msgpack'. Run "
                                     "directories in it hold checkpoints: '{first_run}'."),
     ("a2c", ["--resume", "{ckpt}"], "'{ckpt}' holds a ppo run; resume it with algos/ppo.py"),
+    ("ppo", ["--resume", "{ckpt}", "--log-dir", "{file}"], "cannot write the run directory "
+     "'{file}/ppo_run_0': Not a directory; choose a writable --log-dir."),
     ("impala", ["--resume", "{ppo_mb3}"],  # the algorithm named before its config is read
      "'{ppo_mb3}' holds a ppo run; resume it with algos/ppo.py"),
     ("ppo", ["--resume", "{ckpt}", "--normalize-reward"], "normalize_reward: False -> True"),

@@ -16,8 +16,8 @@ import time
 import numpy as np
 import pytest
 
-from algos.ppo import main
-from common.host import checkpoint, cli
+from algos.ppo import Config, main
+from common.host import checkpoint, cli, flags
 from common.host.logger import Progress
 from helpers import record_progress, save_initial
 
@@ -139,6 +139,18 @@ def test_two_checkpoints_are_kept_and_the_previous_one_resumes_into_the_latest(t
     for k in reference:
         np.testing.assert_array_equal(metrics[k], reference[k], err_msg=k)
     assert checkpoint.load(path)["update"] == 16 and checkpoint.load(previous)["update"] == 12
+
+
+def test_a_resumed_run_logs_where_its_checkpoint_is_from_any_directory(tmp_path, monkeypatch):
+    """The default --log-dir, `runs`, is relative to where the run started: resumed from
+    elsewhere, its TensorBoard runs go on beside the checkpoint, not in a new `runs`."""
+    path = save_initial(tmp_path / "start" / "runs" / "ppo_run_0" / checkpoint.LATEST, "ppo")
+    assert checkpoint.load(path)["run"]["log_dir"] == "runs"
+    monkeypatch.chdir(tmp_path)
+    _, run = flags.parse("ppo", Config, ["--resume", path])
+    assert run.log_dir == str(tmp_path / "start" / "runs")
+    _, run = flags.parse("ppo", Config, ["--resume", path, "--log-dir", "elsewhere"])
+    assert run.log_dir == "elsewhere"  # a flag given still wins
 
 
 def test_a_full_disk_stops_the_run_with_one_line_and_keeps_the_last_checkpoint(

@@ -197,6 +197,8 @@ def start_or_resume(algo: str, config, run: RunOptions, train) -> Session:
         session.state = layout.put(state, layout.state)
         session.first, session.run_time = record["update"], record["run_time"]
         session.names = list(record["run_names"])
+        if session.writer:  # its TensorBoard runs go on there: one line now if they cannot
+            reopen_run_dirs(run, session.names)
         session.rows = [record["metrics"]] if session.first > 0 else []
         # Resumed from the previous file, `path` does not hold this state: a stop before the
         # next checkpoint writes it there, and until then messages name the file resumed.
@@ -261,6 +263,20 @@ def claim_run_dirs(config, run: RunOptions, run_time: int, writer: bool) -> list
             fail(f"cannot create the run directory {where!r}: {error.strerror or error}{hint}; "
                  "choose a writable --log-dir.")
     return names(int(from_process_0(n)))
+
+
+def reopen_run_dirs(run: RunOptions, names: list[str]):
+    """A resumed run's directories under `run.log_dir`, made again where missing; exits with
+    one line, before anything compiles, where one cannot be made or written."""
+    for name in names:
+        where = os.path.join(run.log_dir, name)
+        try:
+            os.makedirs(where, exist_ok=True)
+            if not os.access(where, os.W_OK):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), where)
+        except OSError as error:
+            fail(f"cannot write the run directory {where!r}: {error.strerror or error}; "
+                 f"choose a writable --log-dir.")
 
 
 def check_fits_in_memory(config, template, layout: Layout):

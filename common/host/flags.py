@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import difflib
 import inspect
+import os
 import re
 import sys
 import textwrap
@@ -51,7 +52,12 @@ def parse(algo: str, config_cls, argv=None):
             path = checkpoint.resolve(resume)
             record = checkpoint.load(path)
             checkpoint.check_algo(record, algo, path)  # before its config meets ours
-            saved_run, saved_config = record["run"], record["config"]
+            saved_run, saved_config = dict(record["run"]), record["config"]
+            # The runs' logs go on where the checkpoint is, from any working directory (a
+            # relative --log-dir, the default `runs`, is the start's, not ours).
+            run_dir = os.path.dirname(os.path.abspath(checkpoint.home(path)))
+            if os.path.basename(run_dir) == record["run_names"][0]:
+                saved_run["log_dir"] = os.path.dirname(run_dir)
         elif "--no-presets" not in argv:  # the named environment's tuned settings
             env_id = _flag_value(argv, "--env-id") or _default(config_cls, "env_id")
             saved_config = tuned = {"env_id": env_id, **presets.preset(algo, env_id)}
