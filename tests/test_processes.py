@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from test_scaling import ROOT, SHORT, cli, env, final_state, free_port, hard_timeout
@@ -31,12 +32,31 @@ def test_two_processes_on_localhost(parallel, tmp_path):
     assert "parameters identical on all 2 processes" in p0.stdout, p0.stdout
     record = final_state(tmp_path)
     assert record["update"] == 8
+    if parallel == "seeds":  # each seed computed as one process computes it, to rounding
+        reference = python_api_metrics(SHORT + ["--num-seeds", "4"])
+        for name in ("episodic_return", "value_loss", "approx_kl"):
+            np.testing.assert_allclose(record["metrics"][name], reference[name], rtol=1e-4,
+                                       atol=1e-5, err_msg=name)
     if parallel == "seeds":  # resumed alone: the saved process options are not inherited
         (path,) = glob.glob(str(tmp_path / "*" / "latest.msgpack"))
         (alone,) = cli(["--resume", path], seconds=60, devices=2,
                        log_dir=tmp_path)
         assert alone.returncode == 0, alone.stderr[-2000:]
         assert "nothing to do" in alone.stdout and "is at update 8 of 8" in alone.stdout
+
+
+def python_api_metrics(args):
+    """The metrics of PPO's command-line flags `args` run in this process through the Python
+    API, `jit(vmap(train))` over the command line's seed keys."""
+    import jax
+
+    from algos.ppo import Config, make_train
+    from common.host import cli as parse, logger
+
+    config, run = parse.parse("ppo", Config, args)
+    train = make_train(config)
+    keys = logger.seed_keys(run.seed, run.num_seeds)
+    return jax.jit(jax.vmap(train))(keys, jax.vmap(lambda _: config.hparams())(keys))[1]
 
 
 @pytest.mark.parametrize("parallel", ["data", "seeds"])
