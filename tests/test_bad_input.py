@@ -3,7 +3,8 @@ training gets one line on stderr, `error: ...`, and a non-zero exit (2), for eve
 for the `evaluate` entry point: bad values and sizes, values that do not survive float32,
 sizes that cannot fit in memory, paths that cannot be written, process options, corrupt
 checkpoints, and malformed flags (tyro's boxed message, in the command line's words). Every case
-here fails before anything compiles. A config built from Python refuses the same values.
+here fails before the run's programs compile (reaching them is an error in the test). A config
+built from Python refuses the same values.
 Mistakes during training (a diverging loss, an interrupted run, a full disk) are tested in
 `tests/test_checkpoint.py` and `tests/test_edges.py`.
 
@@ -22,6 +23,8 @@ import numpy as np
 import pytest
 from flax import serialization
 
+import algos.evaluate as evaluate_entry
+from common.host import cli
 from common.host.flags import paragraphs
 from helpers import save_initial
 
@@ -253,8 +256,16 @@ def entry_point(name):
 
 @pytest.mark.parametrize("name,argv,message", CATALOGUE,
                          ids=[f"{n}:{' '.join(a)}" for n, a, _ in CATALOGUE])
-def test_bad_input_is_one_clear_line_and_exit_2(name, argv, message, files, capsys):
+def test_bad_input_is_one_clear_line_and_exit_2(name, argv, message, files, capsys,
+                                                monkeypatch):
     argv = [a.format(**files) for a in argv]
+
+    def compiled(*args, **kwargs):  # the programs a run compiles: none is reached
+        raise AssertionError(f"{name} {' '.join(argv)} went on to compile before refusing")
+
+    monkeypatch.setattr(cli, "compile_programs", compiled)  # the training chunks
+    monkeypatch.setattr(evaluate_entry, "evaluate", compiled)  # `evaluate`'s episodes
+    monkeypatch.setattr(evaluate_entry, "record_episode", compiled)
     with pytest.raises(SystemExit) as exit_info:
         entry_point(name)(argv)
     assert exit_info.value.code == 2
