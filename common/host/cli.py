@@ -701,11 +701,11 @@ percent at 20 chunks (docs/performance.md)."""
 def chunk_size(num_updates: int, *boundaries: int, steps_per_update: int = 0) -> int:
     """The chunk length L: about 20 chunks, or as few as 8 where chunks would hold fewer than
     `MIN_CHUNK_STEPS` environment steps (`steps_per_update`: every run's steps in one update;
-    0: 20 chunks). L divides every positive number in `boundaries` (the checkpoint and
-    evaluation cadences, and the update a run resumes from), so that each falls exactly on the
-    end of a chunk; the chunks run from the resume point in steps of L, and the last one is
-    shorter where L does not divide `num_updates` (`num_updates % L` updates, a second
-    compiled program).
+    0: 20 chunks). L divides every number in `boundaries` between 0 and `num_updates` (the
+    checkpoint and evaluation cadences, and the update a run resumes from; a cadence as long as
+    the run falls only on its end), so that each falls exactly on the end of a chunk; the
+    chunks run from the resume point in steps of L, and the last one is shorter where L does
+    not divide `num_updates` (`num_updates % L` updates, a second compiled program).
 
     One program where it can: of the L that divide `num_updates` as well and give between a
     quarter of and four times the target count, the one whose count is closest to it (by
