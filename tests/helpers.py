@@ -4,6 +4,7 @@ import dataclasses
 import functools
 import importlib
 import io
+import signal
 
 import jax
 import jax.numpy as jnp
@@ -109,16 +110,20 @@ def save_initial(path, algo: str, num_seeds: int = 1, **overrides) -> str:
     return str(path)
 
 
-def record_progress(monkeypatch) -> list:
+def record_progress(monkeypatch, interrupt_after: int | None = None) -> list:
     """The step counts the command line reports from now on (`logger.Progress.report` patched
     to record them): a resumed run's first report is the step it resumed from, one report a
-    chunk after that, so a test sees that it continued rather than trained from the start."""
+    chunk after that, so a test sees that it continued rather than trained from the start.
+    `interrupt_after`: raise SIGINT in this process after that many reports (Ctrl-C while
+    the run prints its progress)."""
     steps = []
     report = logger.Progress.report
 
     def recorded(self, step, *args, **kwargs):
+        report(self, step, *args, **kwargs)
         steps.append(int(step))
-        return report(self, step, *args, **kwargs)
+        if len(steps) == interrupt_after:
+            signal.raise_signal(signal.SIGINT)
 
     monkeypatch.setattr(logger.Progress, "report", recorded)
     return steps

@@ -123,16 +123,7 @@ def test_interrupted_in_process_and_resumed_equals_uninterrupted(reference, tmp_
     # Ctrl-C arrives while the 5th chunk's progress is printed: the run finishes that chunk,
     # writes a checkpoint at update 5 * 64 = 320 (between the periodic ones at 256 and 384)
     # and exits with 130.
-    reports = []
-    report = logger.Progress.report
-
-    def report_then_interrupt(self, *args, **kwargs):
-        report(self, *args, **kwargs)
-        reports.append(args[0])
-        if len(reports) == 6:  # the step-0 report, then one per chunk
-            signal.raise_signal(signal.SIGINT)
-
-    monkeypatch.setattr(logger.Progress, "report", report_then_interrupt)
+    record_progress(monkeypatch, interrupt_after=6)  # the step-0 report, then one per chunk
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN when pytest was started in background
     with pytest.raises(SystemExit) as exit_info:
         main(ARGS + ["--log-dir", str(tmp_path)])
@@ -333,16 +324,7 @@ def test_a2c_impala_and_recurrent_networks_resume_exactly_too(algo, network, tmp
     if algo == "ppo":
         args += ["--num-minibatches", "2", "--update-epochs", "2"]
     reference = main(args + ["--log-dir", str(tmp_path / "reference")])
-    reports = []
-    report = logger.Progress.report
-
-    def report_then_interrupt(self, *a, **k):
-        report(self, *a, **k)
-        reports.append(a[0])
-        if len(reports) == 3:
-            signal.raise_signal(signal.SIGINT)
-
-    monkeypatch.setattr(logger.Progress, "report", report_then_interrupt)
+    record_progress(monkeypatch, interrupt_after=3)
     with pytest.raises(SystemExit) as exit_info:
         main(args + ["--log-dir", str(tmp_path / "interrupted")])
     assert exit_info.value.code == 130

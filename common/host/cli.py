@@ -115,7 +115,7 @@ class Session:
     written_update: int | None = None
     """The update of the last checkpoint known to be on disk."""
     written_path: str = ""
-    """Its file: `path`, or until this run writes one, the previous file it resumed from."""
+    """Its file: `path`, or until this run writes one, the file it resumed from."""
     latest_is_ours: bool = False
     """Whether the file at `path` is a checkpoint this run wrote or verified (only then does
     a new checkpoint keep it as the previous one)."""
@@ -546,7 +546,7 @@ def last_checkpoint(s: Session) -> str:
     """`path (update N)` of the last checkpoint on disk, for messages."""
     if s.written_update is None:
         return "none was written"
-    return f"{s.written_path or s.path} (update {s.written_update})"
+    return f"{s.written_path} (update {s.written_update})"
 
 
 def recent_returns(rows: list, recent=None) -> np.ndarray:
