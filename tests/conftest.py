@@ -8,7 +8,7 @@ cut compile times about 4x (PPO's and IMPALA's tiny CartPole programs, jitted an
 20.4 s -> 4.7 s; the LLVM flags alone: 10.5 s). It also compiles each program's machine code
 as one LLVM module rather than split into pieces for a thread pool, which the two test workers
 keep busy anyway: about 10% less compile time (the whole suite, in one sitting: 538 -> 499
-CPU seconds, 307 -> 279 s). None of this changes a program's meaning, only how
+user CPU seconds, 307 -> 279 s). None of this changes a program's meaning, only how
 its floats may round in the last bit, and each equality a test asserts compares programs
 compiled the same way; where programs of different shapes must give the same bits (updates
 one at a time against one call of `train`), both compile with the default emitters

@@ -25,7 +25,6 @@ from common.envs import make_env  # noqa: E402
 from common.gae import gae  # noqa: E402
 from common.host import checkpoint  # noqa: E402
 from common.rollout import reset, rollout  # noqa: E402
-from helpers import ALGOS  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BACKEND = "spring"
@@ -94,7 +93,7 @@ def test_every_episode_starts_from_a_fresh_random_state():
     assert len({tuple(s) for s in np.round(firsts, 6)}) == ENVS
 
 
-@pytest.mark.parametrize("algo", [a for a in ALGOS if a != "ppo"])
+@pytest.mark.parametrize("algo", ["a2c", "impala"])
 def test_each_algorithm_trains_on_a_brax_environment(algo):
     """A2C and IMPALA from Python; PPO from the command line, below (the same `make_train`,
     run in chunks), where the same is checked of its checkpoint."""
@@ -102,8 +101,7 @@ def test_each_algorithm_trains_on_a_brax_environment(algo):
     config = module.Config(env_id="brax/inverted_pendulum", brax_backend=BACKEND, num_envs=4,
                            num_steps=16, total_timesteps=4 * 16 * 4, normalize_obs=True,
                            normalize_reward=True,
-                           **(dict(num_minibatches=2, update_epochs=2) if algo == "ppo" else
-                              dict(actor_lag=1) if algo == "impala" else {}))
+                           **(dict(actor_lag=1) if algo == "impala" else {}))
     state, metrics = jax.jit(module.make_train(config))(jax.random.PRNGKey(0))
     trained(metrics, state.reward_stats.count)
 
