@@ -62,7 +62,9 @@ def python_api_metrics(args):
 @pytest.mark.parametrize("parallel", ["data", "seeds"])
 def test_a_dead_peer_stops_the_other_process_within_a_bounded_time(parallel, tmp_path):
     """Kill process 1 mid-training (SIGKILL: no goodbye); process 0 must stop by itself with
-    a clear message, well within the heartbeat timeout plus a margin -- never hang."""
+    a clear message, well within the heartbeat timeout plus a margin -- never hang. That it
+    stopped by itself, for its peer: an error exit status (not 0, nor `hard_timeout`'s 124 or
+    137) and a line that says a peer is gone; a hang shows as still running at the deadline."""
     timeout = 10
     address = f"127.0.0.1:{free_port()}"
     long_run = ["--env-id", "CartPole-v1", "--total-timesteps", "2560000", "--num-envs", "4",
@@ -88,9 +90,10 @@ def test_a_dead_peer_stops_the_other_process_within_a_bounded_time(parallel, tmp
             if "SPS per run" in line and "step            0/" not in line:
                 break
         victim.kill()
-        killed = time.monotonic()
-        survivor.wait(timeout=timeout * 4)
-        waited = time.monotonic() - killed
+        try:
+            survivor.wait(timeout=timeout * 4)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"process 0 still running {timeout * 4} s after its peer died: it hangs")
     finally:
         for p in (victim, survivor):
             if p.poll() is None:
@@ -106,8 +109,7 @@ def test_a_dead_peer_stops_the_other_process_within_a_bounded_time(parallel, tmp
     # does (its own "...another task died..." line, then abort).
     assert survivor.returncode not in (0, 124, 137) and message, \
         (survivor.returncode, out[-3000:])
-    assert waited < timeout * 4, waited
-    print(f"process 0 stopped {waited:.1f}s after its peer died, exit {survivor.returncode}: "
+    print(f"process 0 stopped after its peer died, exit {survivor.returncode}: "
           f"{message[0][:200]}")
 
 
@@ -136,18 +138,17 @@ def test_processes_started_with_different_flags_all_stop_with_one_line(tmp_path)
 
 def test_a_process_whose_peers_never_come_stops_with_one_line(tmp_path):
     """JAX's own failure here is a C++ abort some seconds after the timeout; ours comes
-    first, as one line with what to do."""
+    first, as one line with what to do. Exit status 1 and that line alone show ours came
+    first (JAX's abort is SIGABRT, with its own lines), after the 3 s asked for (the line
+    says so; the default is 60 s); `hard_timeout` stops a hang (exit status 124)."""
     address = f"127.0.0.1:{free_port()}"
-    start = time.monotonic()
     result = subprocess.run(hard_timeout(60) + [
         sys.executable, "algos/ppo.py", *SHORT, "--log-dir", str(tmp_path),
         "--coordinator-address", address, "--num-processes", "2", "--process-id", "0",
         "--distributed-timeout", "3"], cwd=ROOT, env=env(1), capture_output=True, text=True)
-    waited = time.monotonic() - start
     assert result.returncode == 1, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines == [f"error: process 0 of 2: not every process connected to the coordinator "
                      f"{address} within 3 s (--distributed-timeout); start all 2 processes "
                      "with the same --num-processes and --coordinator-address, each with its "
                      "own --process-id from 0 to 1."], result.stderr[-2000:]
-    assert waited < 30, waited
