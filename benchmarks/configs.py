@@ -7,8 +7,9 @@ budget included. Anything not listed is the algorithm file's default.
 `VARIANTS` are named sets of overrides applied on top (`benchmarks/learning.py --variant
 NAME`, results saved as `{algo}__{env_id}__{NAME}.json`).
 
-`source_commit()` is the commit every saved result records; `time_in_alternation` times
-compiled programs side by side for the comparison scripts.
+`source_commit()` is the commit every saved result records; `thin_curves` keeps a saved
+learning curve to at most `MAX_POINTS` points; `time_in_alternation` times compiled programs
+side by side for the comparison scripts.
 """
 
 import ast
@@ -19,6 +20,8 @@ import re
 import subprocess
 import time
 from importlib import metadata
+
+import numpy as np
 
 from common.presets import MINATAR, PRESETS as CONFIGS  # noqa: F401  (one place for both)
 
@@ -106,6 +109,32 @@ def save_record(record: dict, out_dir: str, name: str) -> str:
     with open(path, "w") as f:
         json.dump(record, f, separators=(",", ":"))
     return path
+
+
+MAX_POINTS = 500
+"""The most points a saved learning curve keeps, per run: a plot needs no more. Summary figures
+(`final_return`, ...) are computed from the whole curve before it is thinned."""
+
+
+def thin_curves(global_step, curves, max_points: int = MAX_POINTS):
+    """`(global_step, curves, every)`: per-update curves (`curves` [..., num_updates], NaN
+    where no episode finished) as the means of blocks of `every` consecutive updates, NaNs
+    skipped (NaN where no update of the block finished one), each at the global step of its
+    block's last update. `every` is the smallest block that leaves at most `max_points`
+    points; 1 leaves the curves as they are."""
+    curves = np.asarray(curves, np.float64)
+    num_updates = curves.shape[-1]
+    every = max(1, -(-num_updates // max_points))
+    if every == 1:
+        return list(global_step), curves, 1
+    starts = np.arange(0, num_updates, every)
+    finite = np.isfinite(curves)
+    total = np.add.reduceat(np.where(finite, curves, 0.0), starts, axis=-1)
+    count = np.add.reduceat(finite, starts, axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    ends = np.minimum(starts + every, num_updates) - 1
+    return [global_step[i] for i in ends], means, every
 
 
 SUMMARY = re.compile(r"final return \(last 10% of updates\) (?:mean (?P<mean>-?[\d.]+), min "

@@ -5,8 +5,9 @@
 Settings are the presets of `common/presets.py` (through `benchmarks/configs.py`; override the
 budget with --total-timesteps).
 Prints the final return (mean over the last 10% of updates) per seed, their mean, std and
-min, and the steady-state SPS; saves the per-update episodic return of every seed, with the
-command, commit and library versions, to `benchmarks/results/{algo}__{env_id}.json`.
+min, and the steady-state SPS; saves every seed's final return and its episodic return per
+update (at most 500 points: block means of `updates_per_point` updates for longer runs), with
+the command, commit and library versions, to `benchmarks/results/{algo}__{env_id}.json`.
 """
 
 import argparse
@@ -22,7 +23,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks.configs import (VARIANTS, check_overrides, library_versions,  # noqa: E402
-                                parse_overrides, save_record, settings, source_commit)
+                                parse_overrides, save_record, settings, source_commit,
+                                thin_curves)
 from common.host.logger import final_return, seed_keys  # noqa: E402
 from common.host.options import whole_number  # noqa: E402
 from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
@@ -87,15 +89,18 @@ def main():
           f"train {train_s:.1f}s, {steps * args.seeds / train_s:,.0f} SPS (all seeds)")
     print("per seed:", " ".join(f"{x:.1f}" for x in final))
 
+    global_step, returns, every = thin_curves(metrics["global_step"][0].tolist(),
+                                              metrics["episodic_return"])
     record = {
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
         "commit": source_commit(),
         "versions": library_versions(),
         "config": dataclasses.asdict(config),
         "compile_s": round(compile_s, 2), "train_s": round(train_s, 2),
-        "global_step": metrics["global_step"][0].tolist(),
-        "episodic_return": np.round(metrics["episodic_return"], 2).tolist(),
-        "final_return": np.round(final, 2).tolist(),
+        "updates_per_point": every,
+        "global_step": global_step,
+        "episodic_return": np.round(returns, 2).tolist(),
+        "final_return": np.round(final, 4).tolist(),  # from every update
     }
     tag = args.tag or args.variant
     tag = f"__{tag}" if tag else ""

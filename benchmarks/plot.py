@@ -3,8 +3,9 @@
     python benchmarks/plot.py benchmarks/results/ppo__CartPole-v1.json ... --out curves.png
 
 One panel per environment; each JSON file written by `benchmarks/learning.py` becomes one
-line on its environment's panel (other files are skipped): episodic return per update,
-smoothed with a NaN-aware moving mean (updates that finished no episode are NaN), then the
+line on its environment's panel (other files are skipped): episodic return per saved point (an
+update, or a block of `updates_per_point` updates in a long run), smoothed with a NaN-aware
+moving mean over a fiftieth of the points (points that finished no episode are NaN), then the
 mean over seeds and mean +- 1.96 standard errors, against environment steps.
 Needs matplotlib (`pip install -e ".[bench]"`).
 """

@@ -10,7 +10,8 @@ one `jit(vmap(train))`. Structural fields (sizes, network, optimiser) go in `--s
 
 prints one line per grid point (final return: mean over the last 10% of updates, per seed;
 and the policy's mean entropy over the same updates, where a premature collapse shows) and
-writes `benchmarks/results/sweeps/<algo>__<env>__<tag>.json` with every curve.
+writes `benchmarks/results/sweeps/<algo>__<env>__<tag>.json` with every run's curve (at most
+500 points, as `benchmarks/learning.py` saves them) and its final return and entropy.
 """
 import argparse
 import dataclasses
@@ -27,7 +28,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks.configs import (check_overrides, library_versions, parse_overrides,  # noqa: E402
-                                save_record, settings, source_commit)
+                                save_record, settings, source_commit, thin_curves)
 from common.host.logger import final_return, seed_keys  # noqa: E402
 from common.host.options import whole_number  # noqa: E402
 from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
@@ -107,6 +108,8 @@ def main():
         print(f"  {label}: mean {row.mean():.2f}, min {row.min():.2f} | per seed "
               + " ".join(f"{x:.1f}" for x in row) + f" | entropy {ent.mean():.2f}")
 
+    global_step, curves, every = thin_curves(np.asarray(metrics["global_step"])[0].tolist(),
+                                             returns)
     record = {
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
         "commit": source_commit(),
@@ -114,8 +117,9 @@ def main():
         "config": dataclasses.asdict(config), "grid": grid, "points": points,
         "seeds": [args.seed + i for i in range(args.seeds)],
         "compile_s": round(compile_s, 2), "train_s": round(train_s, 2),
-        "global_step": np.asarray(metrics["global_step"])[0].tolist(),
-        "episodic_return": np.round(returns, 2).tolist(),
+        "updates_per_point": every,
+        "global_step": global_step,
+        "episodic_return": np.round(curves, 2).tolist(),
         "final_return": np.round(final, 2).tolist(),
         "final_entropy": np.round(entropy, 3).tolist(),
     }

@@ -5,7 +5,9 @@
 
 One row per results file written by `benchmarks/learning.py`: the final return (mean over the
 last 10% of updates) as mean +- std over seeds and the worst seed, recomputed from the saved
-per-update returns, beside the return of a uniformly random policy on that environment
+per-update returns (a file whose curves are thinned to blocks of updates, `updates_per_point`,
+gives each seed's final return as its run computed it from every update), beside the return
+of a uniformly random policy on that environment
 (computed here: 64 environments for 4000 steps); then, per environment, published figures
 from other projects with their sources (`REFERENCES`).
 """
@@ -101,7 +103,8 @@ def describe(path):
     core = next((c for c in ("gru", "lstm") if network.endswith(c)), None)
     torso = "auto" if network == core else network.split("-")[0]
     cnn = torso == "cnn" or (torso == "auto" and env_id.endswith("MinAtar"))
-    final = final_return(np.asarray(record["episodic_return"], float))
+    final = (np.asarray(record["final_return"], float) if "updates_per_point" in record
+             else final_return(np.asarray(record["episodic_return"], float)))
     return dict(algo=algo, env_id=env_id, tag=tag[0] if tag else "",
                 where="GPU" if os.sep + "gpu" + os.sep in path else "CPU",
                 network=("CNN" if cnn else "MLP") + (f"-{core.upper()}" if core else ""),

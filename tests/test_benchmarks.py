@@ -72,6 +72,25 @@ def test_set_total_timesteps_is_the_step_budget():
     assert check_overrides("ppo", Config, {"num_envs": 4}, 1024) == 1024
 
 
+def test_a_saved_curve_keeps_at_most_max_points_block_means_at_each_blocks_last_step():
+    """`thin_curves`: blocks of `every` updates, NaNs skipped (NaN where a whole block is NaN),
+    a shorter last block, each point at its block's last global step; short curves unchanged."""
+    from benchmarks.configs import thin_curves
+
+    nan = np.nan
+    curves = np.array([[1.0, 3.0, nan, nan, 5.0, nan, 7.0],
+                       [0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0]])
+    steps = [10, 20, 30, 40, 50, 60, 70]
+    thinned_steps, thinned, every = thin_curves(steps, curves, max_points=3)
+    assert every == 3 and thinned_steps == [30, 60, 70]
+    np.testing.assert_array_equal(thinned, [[2.0, 5.0, 7.0], [2.0, 8.0, 12.0]])
+    _, gaps, _ = thin_curves(steps, np.array([nan, nan, 1.0, 2.0]), max_points=2)
+    np.testing.assert_array_equal(gaps, [nan, 1.5])
+    same_steps, same, every = thin_curves(steps, curves, max_points=7)
+    assert every == 1 and same_steps == steps
+    np.testing.assert_array_equal(same, curves)
+
+
 def results_files() -> list:
     """Every committed results file of the table: `benchmarks/results/` and its `gpu/`."""
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
