@@ -136,7 +136,7 @@ def command(record: dict, tag: str = "") -> str:
     from benchmarks.learning import cell_config
 
     words = record["command"].split()
-    if words[0] != "benchmarks/learning.py":  # a command-line run (`benchmarks/gpu_brax.py`)
+    if words[0] != "benchmarks/learning.py":  # a command-line run (`accelerator.py run brax`)
         return " ".join(["python", *words])
     args, overrides, budget = read_command(words[1:])
     ran = ran_config(record)

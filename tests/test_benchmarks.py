@@ -5,6 +5,7 @@ import importlib
 import json
 import os
 import sys
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -91,6 +92,46 @@ def test_a_saved_curve_keeps_at_most_max_points_block_means_at_each_blocks_last_
     np.testing.assert_array_equal(same, curves)
 
 
+def test_the_accelerator_wheels_are_the_pins_but_what_the_machine_brings():
+    """`accelerator.WHEELS`: every exact pin of pyproject.toml (its dependencies and the `brax`
+    extra) at that version, one version of each package, and no jax, jaxlib, numpy or scipy,
+    which the accelerator machine has (with ml_dtypes)."""
+    import tomllib
+
+    from benchmarks import accelerator
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    machine = {"jax", "jaxlib", "numpy", "scipy", "ml_dtypes"}
+    pins = {r.lower() for r in project["dependencies"] + project["optional-dependencies"]["brax"]
+            if "==" in r and r.split("==")[0].lower() not in machine}
+    wheels = [w.lower() for w in accelerator.WHEELS]
+    names = [w.split("==")[0] for w in wheels]
+    assert pins <= set(wheels), pins - set(wheels)
+    assert len(names) == len(set(names)) and not machine & set(names)
+
+
+def test_an_accelerator_step_stops_at_its_limit_with_the_processes_it_started(tmp_path):
+    """`accelerator.run_step`: at its limit the step and its children are ended, and what it
+    printed is in the log."""
+    from benchmarks import accelerator
+
+    pid_file = tmp_path / "child.pid"
+    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(120)']); "
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid)); print('started', flush=True); "
+            "time.sleep(120)")
+    log = accelerator.Log(str(tmp_path / "log.txt"))
+    took = accelerator.run_step(log, dict(os.environ), 2.0, [sys.executable, "-c", code])
+    assert took < 60
+    text = (tmp_path / "log.txt").read_text()
+    assert "started" in text and "stopped at its limit of 2 s" in text, text
+    status = f"/proc/{int(pid_file.read_text())}/status"
+    time.sleep(0.5)
+    assert not os.path.exists(status) or "zombie" in open(status).read(), "child left running"
+
+
 def results_files() -> list:
     """Every committed results file of the table: `benchmarks/results/` and its `gpu/`."""
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -119,7 +160,7 @@ def test_every_results_row_has_a_command_that_trains_the_config_it_recorded():
         record = json.load(open(path))
         if "episodic_return" not in record or \
                 not record["command"].startswith("benchmarks/learning.py"):
-            continue  # not a learning result, or a command-line run (`gpu_brax.py`)
+            continue  # not a learning result, or a command-line run (`accelerator.py`)
         checked += 1
         command = table.describe(path)["command"]
         words = command.split()
@@ -135,7 +176,7 @@ def test_every_results_row_has_a_command_that_trains_the_config_it_recorded():
 
 
 def test_every_command_line_result_records_a_command_that_builds_its_config():
-    """The results written from command-line runs (`benchmarks/gpu_brax.py`): the command a
+    """The results written from command-line runs (`accelerator.py run brax`): the command a
     file records, parsed as the command line parses it (the presets of today included),
     builds the config the file records, and its seed count is the file's."""
     from common.host import flags

@@ -1,0 +1,345 @@
+"""The accelerator pass (GPU or TPU): this project's dependencies carried to a machine without
+network, installed there, and the speed, side-by-side and learning benchmarks run there into
+one folder of raw results.
+
+    python benchmarks/accelerator.py wheels                          # here, with network
+    python benchmarks/accelerator.py install run speed learning      # there, in one command
+    python benchmarks/accelerator.py run --dry                       # every pass, tiny budgets
+
+Steps, run in the order given:
+
+- `wheels` downloads the project's pinned wheels (`WHEELS`: its dependencies and the `brax`
+  extra with theirs, at the versions tested here; about 40 MB) for CPython 3.11 on manylinux
+  x86-64 into `--wheels` (default `.whl/`, ignored by git), to carry with the checkout. jax,
+  jaxlib, numpy and scipy are left out: an accelerator machine has its own build of them.
+  `--also NAME==VERSION ...` adds wheels (PureJaxRL, for the `vs` pass, imports all of
+  gymnax, which needs matplotlib, pandas and seaborn).
+- `install` installs them offline: `pip install --no-index --no-deps --target SITE` (`--site`,
+  default `/tmp/onpolicy-site`). For commands of your own afterwards, put SITE at the end of
+  PYTHONPATH, after this checkout, so that the machine's own jax stays first:
+  `export PYTHONPATH=$PYTHONPATH:$PWD:/tmp/onpolicy-site`. `run` does that for its steps.
+- `run [PASS ...]` (default: all five) runs each pass's steps in fresh processes, each under
+  its own time limit (so that one slow step cannot eat the others' time), prints what they
+  print and keeps it in `OUT/log.txt`, and has them write their raw files to `OUT/results/`
+  (`--out`, default `benchmarks/out/`, ignored by git). Copy the files to keep into
+  `benchmarks/results/gpu/` (or a folder named for the machine). Each pass fits in 10 minutes:
+
+  - `speed`: `speed.py`, PPO on CartPole with 1, 8, 32 and 128 vmapped seeds, IMPALA with 1
+    and 32;
+  - `vs`: `vs_purejaxrl.py`, our PPO against PureJaxRL (`--purejaxrl DIR`, the folder that
+    holds its `ppo.py`; skipped without it): CartPole with one seed and with 128, Brax
+    Hopper with 4, recurrent PPO;
+  - `cli`: `cli_overhead.py`, the command line against the program it compiles (1 and 32
+    seeds), then the default command from start to exit, with an empty and a warm
+    compilation cache;
+  - `learning`: `learning.py`, MinAtar with the CNN, 8 seeds x 5e6 steps: PPO on Breakout and
+    SpaceInvaders, A2C and IMPALA on Breakout;
+  - `brax`: PPO from the command line on Brax Ant (4096 environments), HalfCheetah and Hopper
+    with PureJaxRL's accelerator settings (`PPO_BRAX_ACCELERATOR` in `common/presets.py`),
+    4 seeds vmapped in one program. Each run gets SIGINT at its share of `--brax-budget`
+    seconds, which saves its last whole chunk of updates as Ctrl-C does, so a slower run still
+    reports how far it got; its curves then go to `OUT/results/ppo__brax-<task>.json`, a
+    results file that `table.py` reads (`train_s`: start to stop, compiling included;
+    `steps`: the steps each seed trained).
+
+Set `SOURCE_COMMIT` to the commit of the copied tree: a copy without the git history records
+"unknown". `--dry` runs every step with tiny budgets (Brax: the inverted pendulum at CPU
+scale), a check of the plumbing on any machine in a few minutes, not a figure.
+"""
+
+import argparse
+import glob
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+WHEELS = [
+    # this project's dependencies (pyproject.toml) and theirs
+    "flax==0.12.8", "optax==0.2.8", "distrax==0.1.9", "gymnax==1.0.1", "tyro==1.0.17",
+    "tensorboardX==2.6.5", "crc32c==2.9.post0", "tfp-nightly==0.26.0.dev20261027",
+    "chex==0.1.92", "msgpack==1.2.4", "absl-py==2.5.1", "etils==1.15.0", "toolz==1.2.0",
+    "typing-extensions==4.15.0", "rich==15.0.0", "markdown-it-py==4.3.0", "mdurl==0.1.2",
+    "pygments==2.20.0", "pyyaml==6.0.3", "treescope==0.1.10", "dm-tree==0.1.10",
+    "attrs==26.1.0", "wrapt==2.1.2", "gast==0.7.0", "decorator==5.2.1", "cloudpickle==2.1.0",
+    "six==1.17.0", "gymnasium==1.3.0", "farama-notifications==0.0.6", "docstring-parser==0.18.0",
+    "typeguard==4.6.1", "protobuf==7.36.2", "packaging==26.2",
+    # the `brax` extra and theirs
+    "brax==0.14.2", "mujoco==4.0.0", "mujoco-core==4.0.0", "mujoco-mjx==3.17.0", "jaxopt==0.8.5",
+    "ml-collections==1.1.0", "trimesh==5.2.0", "pillow==13.0.0", "jinja2==3.1.6",
+    "markupsafe==3.0.3", "flask==3.1.3", "flask-cors==6.0.2", "werkzeug==3.1.8",
+    "itsdangerous==2.2.0", "blinker==1.9.0", "click==8.4.0",
+]
+"""Every wheel a run needs beside jax, jaxlib, numpy and scipy (and ml_dtypes and opt_einsum,
+which come with jax): pip installs them with `--no-deps`, so the list is complete. Left out,
+though declared by the packages above, because no run here imports them: orbax-checkpoint and
+tensorstore (flax, brax), matplotlib and seaborn (gymnax; `common.envs.make_env` imports only
+the environment's own module) and MuJoCo's viewer (glfw, PyOpenGL, mujoco-studio). Checked:
+with only jax, jaxlib, numpy and scipy beside them, every algorithm trains from the command
+line on CartPole, MinAtar and Brax."""
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
+             "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_5_x86_64",
+             "manylinux1_x86_64"]
+"""pip matches a wheel's platform tag exactly: every manylinux tag a wheel above is built for."""
+
+PASSES = ["speed", "vs", "cli", "learning", "brax"]
+BRAX_TASKS = [("brax/ant", ["--num-envs", "4096"], 0.5),
+              ("brax/halfcheetah", [], 0.25),
+              ("brax/hopper", None, 0.25)]
+"""(task, flags beside its preset, share of `--brax-budget`); None: the accelerator preset's
+sizes as flags, for a task whose preset is sized for a CPU (Hopper)."""
+BRAX_DRY = [("brax/inverted_pendulum", ["--num-envs", "8", "--num-steps", "8",
+                                        "--num-minibatches", "2", "--total-timesteps",
+                                        "1000000"], 1.0)]
+"""The same plumbing at CPU scale, stopped by its limit long before its budget of steps."""
+
+
+def download(folder: str, python_version: str, also: list):
+    """`wheels`: the wheels of `WHEELS` and `also` into `folder`, emptied of older wheels first
+    (two versions of one package stop the whole install)."""
+    os.makedirs(folder, exist_ok=True)
+    for old in glob.glob(os.path.join(folder, "*.whl")):
+        os.remove(old)
+    platforms = [flag for tag in PLATFORMS for flag in ("--platform", tag)]
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                    "--python-version", python_version, "--implementation", "cp", *platforms,
+                    "-d", folder, *WHEELS, *also], check=True)
+    size = sum(os.path.getsize(p) for p in glob.glob(os.path.join(folder, "*.whl")))
+    print(f"{len(WHEELS) + len(also)} wheels, {size / 2**20:.0f} MiB in {folder}")
+
+
+def install(folder: str, site: str):
+    """`install`: every wheel in `folder` into `site`, offline, without resolving
+    dependencies."""
+    wheels = sorted(glob.glob(os.path.join(folder, "*.whl")))
+    if not wheels:
+        raise SystemExit(f"error: no wheels in {folder}: run `python benchmarks/accelerator.py "
+                         f"wheels` on a machine with network and bring the folder along.")
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "pip", "install", "--isolated", "-q", "--no-index",
+                    "--no-deps", "--no-compile", "--no-cache-dir", "--upgrade", "--target", site,
+                    *wheels], check=True, env={**os.environ, "PIP_CONFIG_FILE": os.devnull})
+    print(f"installed {len(wheels)} wheels into {site} in {time.perf_counter() - start:.0f} s; "
+          f"for other commands: export PYTHONPATH=$PYTHONPATH:{ROOT}:{site}")
+
+
+class Log:
+    """Prints a step's output as it comes and keeps it in `OUT/log.txt`."""
+
+    def __init__(self, path: str):
+        self.file = open(path, "a")
+
+    def write(self, line: str):
+        print(line, end="", flush=True)
+        self.file.write(line)
+        self.file.flush()
+
+
+def run_step(log: Log, env: dict, limit_s: float, argv: list, stop=signal.SIGTERM) -> float:
+    """Run `argv` from the checkout under a wall-clock limit: at `limit_s` it and the processes
+    it started get `stop`, and a minute later whatever of them is left is killed. Returns the
+    seconds it ran."""
+    log.write(f"=== {' '.join(os.path.relpath(a, ROOT) if a.startswith(ROOT) else a for a in argv)}"
+              f" (limit {limit_s:.0f} s)\n")
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    reader = threading.Thread(target=lambda: [log.write(line) for line in proc.stdout])
+    reader.start()
+    try:
+        proc.wait(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        log.write(f"=== stopped at its limit of {limit_s:.0f} s\n")
+        os.killpg(proc.pid, stop)  # its own session: it and the processes it started
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever of them is left
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    reader.join()
+    return time.perf_counter() - start
+
+
+def python_steps(name: str, args, results: str) -> list:
+    """`(limit_s, argv)` of each step of one pass but `brax`."""
+    py = [sys.executable]
+    bench = lambda script: [*py, os.path.join(ROOT, "benchmarks", script)]  # noqa: E731
+    if name == "speed":
+        budget = ["--total-timesteps", "20000", "--repeats", "1"] if args.dry else \
+            ["--repeats", "2"]
+        return [(300, [*bench("speed.py"), "--algo", "ppo", "--env-id", "CartPole-v1",
+                       "--seeds", *(["1", "2"] if args.dry else ["1", "8", "32", "128"]),
+                       *budget, "--out-dir", results]),
+                (200, [*bench("speed.py"), "--algo", "impala", "--env-id", "CartPole-v1",
+                       "--seeds", *(["1", "2"] if args.dry else ["1", "32"]), *budget,
+                       "--out-dir", results])]
+    if name == "vs":
+        if not args.purejaxrl:
+            return []
+        one, many, brax, rnn, seeds, repeats = ((20000, 4096, 20480, 20000, 4, 1) if args.dry
+                                                else (500000, 500000, 2000000, 100000, 128, 3))
+        vs = [*bench("vs_purejaxrl.py"), "--reference", args.purejaxrl, "--repeats",
+              str(repeats)]
+        return [(120, [*vs, "--total-timesteps", str(one),
+                       "--out", os.path.join(results, "vs_purejaxrl.json")]),
+                (150, [*vs, "--seeds", str(seeds), "--total-timesteps", str(many),
+                       "--out", os.path.join(results, f"vs_purejaxrl__seeds{seeds}.json")]),
+                (200, [*vs, "--brax", "hopper", "--seeds", "4", "--total-timesteps", str(brax),
+                       "--out", os.path.join(results, "vs_purejaxrl_brax-hopper.json")]),
+                (120, [*vs, "--recurrent", "--total-timesteps", str(rnn),
+                       "--out", os.path.join(results, "vs_purejaxrl_rnn.json")])]
+    if name == "cli":
+        steps = "20000" if args.dry else "500000"
+        return [(300, [*bench("cli_overhead.py"), "--seeds", "1", "2" if args.dry else "32",
+                       "--repeats", "1", "--no-start", "--total-timesteps", steps,
+                       "--out", os.path.join(results, "cli_overhead.json")]),
+                (150, [*bench("cli_overhead.py"), "--start-only", "--repeats", "1",
+                       "--out", os.path.join(results, "cli_overhead_start.json")])]
+    if name == "learning":
+        budget = ["--seeds", "2", "--total-timesteps", "20000"] if args.dry else \
+            ["--seeds", "8", "--total-timesteps", "5000000"]
+        return [(limit, [*bench("learning.py"), "--algo", algo, "--env-id", env_id, *budget,
+                         "--out-dir", results])
+                for limit, algo, env_id in ((150, "ppo", "Breakout-MinAtar"),
+                                            (150, "ppo", "SpaceInvaders-MinAtar"),
+                                            (120, "a2c", "Breakout-MinAtar"),
+                                            (120, "impala", "Breakout-MinAtar"))]
+    raise ValueError(name)
+
+
+def brax_pass(log: Log, env: dict, args, results: str):
+    """`brax`: each task from the command line under its share of the budget, then its
+    curves as a results file."""
+    from common.presets import PPO_BRAX_ACCELERATOR
+
+    accelerator = [word for name in ("num_envs", "num_steps", "num_minibatches",
+                                     "total_timesteps")
+                   for word in (f"--{name.replace('_', '-')}", str(PPO_BRAX_ACCELERATOR[name]))]
+    for env_id, flags, share in BRAX_DRY if args.dry else BRAX_TASKS:
+        log_dir = tempfile.mkdtemp(prefix="accelerator-brax-")
+        command = ["algos/ppo.py", "--env-id", env_id, "--num-seeds", str(args.brax_seeds),
+                   *(accelerator if flags is None else flags)]
+        limit_s = share * args.brax_budget
+        wall = run_step(log, env, limit_s, [sys.executable, *command, "--log-dir", log_dir],
+                        stop=signal.SIGINT)
+        log.write(brax_record(command, log_dir, limit_s, wall, results) + "\n")
+
+
+def brax_record(command: list, log_dir: str, limit_s: float, wall: float, results: str) -> str:
+    """Save a command-line run's curves from its last checkpoint in `log_dir` as a results
+    file; returns a line that says what was saved."""
+    import numpy as np
+
+    from benchmarks.configs import library_versions, save_record, source_commit, thin_curves
+    from common.host import checkpoint
+    from common.host.logger import final_return
+
+    paths = [os.path.join(d, checkpoint.LATEST) for d, _, files in os.walk(log_dir)
+             if checkpoint.LATEST in files]
+    env_id = command[2]
+    if not paths:
+        return f"{env_id}: no whole chunk of updates within {limit_s:.0f} s"
+    saved = checkpoint.load(paths[0])
+    returns = np.asarray(saved["metrics"]["episodic_return"], np.float64)
+    global_step, curves, every = thin_curves(saved["metrics"]["global_step"][0].tolist(),
+                                             returns)
+    record = {
+        "command": " ".join(command),
+        "commit": source_commit(),
+        "versions": library_versions(),
+        "config": saved["config"],
+        "limit_s": round(limit_s, 1), "train_s": round(wall, 2),
+        "steps": int(saved["metrics"]["global_step"][0, -1]),
+        "updates_per_point": every,
+        "global_step": global_step,
+        "episodic_return": np.round(curves, 2).tolist(),
+        "final_return": np.round(final_return(returns), 4).tolist(),  # from every update
+    }
+    path = save_record(record, results, f"ppo__{env_id}")
+    return (f"{env_id}: {record['steps']:,} steps per seed in {wall:.0f} s, final return per "
+            f"seed {np.round(record['final_return'], 1).tolist()} -> {path}")
+
+
+def run(args, passes: list):
+    """`run`: the passes, with SITE (where it exists) and the checkout on PYTHONPATH."""
+    results = os.path.join(args.out, "results")
+    os.makedirs(results, exist_ok=True)
+    extra = [ROOT] + ([args.site] if os.path.isdir(args.site) else [])
+    path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), *extra]))
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+    # This process reads the Brax checkpoints and never computes: keep its JAX off the chip,
+    # which one process at a time may hold.
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    sys.path[1:1] = [ROOT]
+    sys.path += extra[1:]
+    log = Log(os.path.join(args.out, "log.txt"))
+    run_step(log, env, 120, [sys.executable, "-c", "import jax; print('jax', jax.__version__, "
+                             "jax.devices())"])
+    for name in passes:
+        log.write(f"=== pass {name}{' (dry)' if args.dry else ''}\n")
+        if name == "brax":
+            brax_pass(log, env, args, results)
+            continue
+        steps = python_steps(name, args, results)
+        if not steps:
+            log.write(f"=== {name}: skipped (give --purejaxrl, the folder that holds "
+                      f"PureJaxRL's ppo.py)\n")
+        for limit_s, argv in steps:
+            run_step(log, env, limit_s, argv)
+    log.write(f"=== done: raw files in {results}\n")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("steps", nargs="+", metavar="STEP",
+                        help="wheels, install, run [PASS ...], in that order; passes: "
+                             + ", ".join(PASSES) + " (default: all)")
+    parser.add_argument("--wheels", default=os.path.join(ROOT, ".whl"),
+                        help="the wheels' folder (default: .whl in the checkout)")
+    parser.add_argument("--python-version", default="3.11", help="the machine's Python")
+    parser.add_argument("--also", nargs="*", default=[], metavar="NAME==VERSION",
+                        help="more wheels to download")
+    parser.add_argument("--site", default="/tmp/onpolicy-site",
+                        help="where `install` puts the packages, and `run` finds them")
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "out"),
+                        help="the log and results/ of `run`")
+    parser.add_argument("--purejaxrl", default=os.environ.get("PUREJAXRL"),
+                        help="the folder holding PureJaxRL's ppo.py (the `vs` pass); "
+                             "default: $PUREJAXRL")
+    parser.add_argument("--brax-budget", type=float, default=None,
+                        help="seconds for the three Brax tasks together, compiling included "
+                             "(default 540; 60 with --dry)")
+    parser.add_argument("--brax-seeds", type=int, default=4)
+    parser.add_argument("--dry", action="store_true", help="every step with tiny budgets")
+    args = parser.parse_args()
+    if args.brax_budget is None:
+        args.brax_budget = 60.0 if args.dry else 540.0
+
+    steps, passes = args.steps, []
+    if "run" in steps:
+        passes = steps[steps.index("run") + 1:] or list(PASSES)
+        steps = steps[:steps.index("run") + 1]
+    unknown = [s for s in steps if s not in ("wheels", "install", "run")] + \
+        [p for p in passes if p not in PASSES]
+    if unknown:
+        parser.error(f"unknown step or pass {unknown[0]!r}: steps are wheels, install, run; "
+                     f"passes (after run) {', '.join(PASSES)}.")
+    if "wheels" in steps:
+        download(args.wheels, args.python_version, args.also)
+    if "install" in steps:
+        install(args.wheels, args.site)
+    if "run" in steps:
+        run(args, passes)
+
+
+if __name__ == "__main__":
+    main()
