@@ -39,9 +39,9 @@ on both cores.
 `--threads N` sets XLA:CPU's thread pool to N threads (`NPROC`, read when JAX starts its CPU
 backend) for both libraries; 0 keeps XLA's default, one per core. On a small program the pool
 costs time: XLA:CPU runs the kernels on the calling thread and, whenever more than 8 are ready
-at once, hands half of them to the pool, waking a thread (`docs/performance.md`;
-`benchmarks/cpu_executor.py` shows where). `taskset -c 1 python ...` pins the whole
-process to one core, which also leaves a one-thread pool.
+at once, hands half of them to the pool, waking a thread (`docs/performance.md`, "Hand-offs
+to the thread pool"). `taskset -c 1 python ...` pins the whole process to one core, which also
+leaves a one-thread pool.
 
 PureJaxRL targets the gymnax 0.0.x step API (`done` in one flag); a small adapter below gives it
 that view of gymnax 1.0 (`done = terminated or truncated`, PureJaxRL's own semantics), and
