@@ -255,6 +255,31 @@ def test_ctrl_c_while_starting_exits_quietly(tmp_path, monkeypatch, capsys):
         "interrupted while starting; nothing was trained or written"
 
 
+def test_a_train_without_a_piece_the_command_line_needs_is_one_line(tmp_path, monkeypatch,
+                                                                    capsys):
+    """A copied algorithm file whose `train` lost a piece `common/host/contract.py` lists:
+    one line naming it, exit 1, before anything compiles or any directory is made."""
+    import algos.ppo as ppo
+
+    def without_act(config):
+        train = ppo.make_train(config)
+        del train.act
+        return train
+
+    def compiled(*args):
+        raise AssertionError("compiled before refusing")
+
+    monkeypatch.setattr(cli, "compile_programs", compiled)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main("ppo", Config, without_act, TINY + ["--log-dir", str(tmp_path)])
+    assert exit_info.value.code == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: algos/ppo.py: the train its make_train returns has no "
+                           "`act`, which the command line needs: `act(state, obs, first, "
+                           "hidden) -> (action, hidden)`"), line
+    assert os.listdir(tmp_path) == []
+
+
 # ------------------------------------------------------------------ memory and host loops
 def test_running_out_of_memory_is_one_line(capsys):
     from jax.errors import JaxRuntimeError

@@ -5,7 +5,8 @@ chunks, log.
 (`common/host/options.py`) and the algorithm's `Config` from one flat list of flags, starts
 JAX's runtime for the devices asked for (`common/host/devices.py`), and trains `num_seeds`
 vmapped runs as a sequence of calls to one compiled chunk of updates (`train.run_updates`;
-a shorter last chunk is a second program, `chunk_size`).
+a shorter last chunk is a second program, `chunk_size`). What it uses of the algorithm (its
+`Config`, and the pieces `train` carries) is listed, and checked, in `common/host/contract.py`.
 While the devices run one chunk, the host handles the one before (file writes on a background
 thread, `logger.BackgroundWriter`):
 
@@ -44,7 +45,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from common.evaluate import evaluate
-from common.host import checkpoint, logger
+from common.host import checkpoint, contract, logger
 from common.host.devices import (Layout, differing_processes, fail, fetch, from_process_0,
                                  peers_alive, same_everywhere, setup_devices)
 from common.host.flags import flag_of, parse
@@ -146,6 +147,8 @@ def train_and_log(algo: str, config, run: RunOptions, train):
     """
     logger.enable_compilation_cache()  # first: every program below can come from the cache
     setup_devices(run)  # a no-op when `main` did it or JAX already runs
+    contract.check(algo, config, contract.Config, "its Config")
+    contract.check(algo, train, contract.Train, "the train its make_train returns")
     if config.num_updates >= 2**31:
         fail(f"--total-timesteps {config.total_timesteps} makes {config.num_updates:,} "
              "updates, more than the 2**31 - 1 a run can count; use fewer steps or a larger "
@@ -171,6 +174,7 @@ def start_or_resume(algo: str, config, run: RunOptions, train) -> Session:
     hparams_of = jax.vmap(lambda _: config.hparams())  # one copy per run
     key_shapes = jax.ShapeDtypeStruct((run.num_seeds, 2), np.uint32)  # nothing made yet
     template = jax.eval_shape(lambda k: jax.vmap(train.init)(k, hparams_of(k)), key_shapes)
+    contract.check(algo, template, contract.TrainState, "the state its train.init returns")
     layout = Layout(run, config.num_envs, template)
     check_fits_in_memory(config, template, layout)
     keys = logger.seed_keys(run.seed, run.num_seeds)
@@ -389,9 +393,7 @@ def compile_programs(s: Session):
 
     run_eval = None
     if run.eval_every:
-        from common.envs import make_env
-
-        env, env_params, spec = make_env(s.config.env_id, s.config.brax_backend)
+        env, env_params, spec = s.train.env
         run_eval = layout.spread(jax.vmap(lambda state, k: evaluate(
             partial(s.train.act, state), env, env_params, spec, k, run.eval_episodes,
             hidden=s.train.initial_hidden(run.eval_episodes))[0].mean()),
