@@ -142,6 +142,18 @@ def test_two_checkpoints_are_kept_and_the_previous_one_resumes_into_the_latest(t
     assert checkpoint.load(path)["update"] == 16 and checkpoint.load(previous)["update"] == 12
 
 
+def test_a_resumed_run_reads_its_checkpoint_once(tmp_path, monkeypatch, capsys):
+    """`--resume`: the file is read and verified once, by the flags, which hand its record on
+    to the training (here a finished run: nothing to do)."""
+    main(TINY + ["--log-dir", str(tmp_path)])
+    (path,) = glob.glob(str(tmp_path / "*" / checkpoint.LATEST))
+    load, reads = checkpoint.load, []
+    monkeypatch.setattr(checkpoint, "load", lambda p: reads.append(p) or load(p))
+    main(["--resume", path])
+    assert f"nothing to do: {path} is at update 16 of 16" in capsys.readouterr().out
+    assert reads == [path]
+
+
 def test_a_resumed_run_logs_where_its_checkpoint_is_from_any_directory(tmp_path, monkeypatch):
     """The default --log-dir, `runs`, is relative to where the run started: resumed from
     elsewhere, its TensorBoard runs go on beside the checkpoint, not in a new `runs`."""

@@ -48,7 +48,7 @@ from common.evaluate import evaluate
 from common.host import checkpoint, contract, logger
 from common.host.devices import (Layout, differing_processes, fail, fetch, from_process_0,
                                  peers_alive, same_everywhere, setup_devices)
-from common.host.flags import flag_of, parse
+from common.host.flags import flag_of, parse, parse_command  # noqa: F401  (parse: for callers)
 from common.host.options import RESUME_MUST_MATCH, RunOptions
 
 NAN_BY_DESIGN = ("episodic_return", "episodic_length", "explained_variance", "eval_return")
@@ -61,7 +61,7 @@ def main(algo: str, config_cls, make_train, argv=None):
     global EXIT_AT_ONCE
     EXIT_AT_ONCE = argv is None  # a real command line, not a call from Python
     try:
-        config, run = parse(algo, config_cls, argv)
+        config, run, resumed = parse_command(algo, config_cls, argv)
         setup_devices(run)  # before anything starts JAX's backend (make_env does)
         from common.host.prng import unroll_threefry_on_cpu
 
@@ -70,7 +70,7 @@ def main(algo: str, config_cls, make_train, argv=None):
             train = make_train(config)
         except ValueError as error:  # e.g. a network the environment cannot take
             fail(error)
-        metrics = train_and_log(algo, config, run, train)
+        metrics = train_and_log(algo, config, run, train, resumed)
         if EXIT_AT_ONCE and jax.process_count() == 1:
             leave_now(0)  # every file is written: skip the 0.4 s of tearing JAX down
         return metrics
@@ -136,7 +136,7 @@ class Session:
         return self.names
 
 
-def train_and_log(algo: str, config, run: RunOptions, train):
+def train_and_log(algo: str, config, run: RunOptions, train, resumed=None):
     """Train `run.num_seeds` runs of `train` (from `make_train(config)`), checkpoint, log them.
 
     Returns the metrics as NumPy arrays with leading axes `[num_seeds, num_updates]` (with
@@ -144,6 +144,9 @@ def train_and_log(algo: str, config, run: RunOptions, train):
     non-finite loss or a signal ends the process (`SystemExit`) with a one-line message.
     The runs are spread over devices (and processes) as `Layout` describes; every process
     returns the same metrics, and only process 0 writes checkpoints and logs.
+
+    `resumed`: with `run.resume`, `(path, record)` of the checkpoint as `parse_command` read
+    it (None: it is read here).
     """
     logger.enable_compilation_cache()  # first: every program below can come from the cache
     setup_devices(run)  # a no-op when `main` did it or JAX already runs
@@ -154,7 +157,7 @@ def train_and_log(algo: str, config, run: RunOptions, train):
              "updates, more than the 2**31 - 1 a run can count; use fewer steps or a larger "
              "batch.")
     start = time.perf_counter()
-    session = start_or_resume(algo, config, run, train)
+    session = start_or_resume(algo, config, run, train, resumed)
     if session.first == config.num_updates:
         print(f"nothing to do: {session.path} is at update {session.first} of "
               f"{config.num_updates}, the end of the run")
@@ -165,11 +168,12 @@ def train_and_log(algo: str, config, run: RunOptions, train):
     return summarise(session)
 
 
-def start_or_resume(algo: str, config, run: RunOptions, train) -> Session:
+def start_or_resume(algo: str, config, run: RunOptions, train, resumed=None) -> Session:
     """Lay the runs out on the devices and give them their first state: fresh from
-    `train.init`, or the checkpoint's with `--resume`. Before anything compiles: the
-    processes agree on the run, the state fits in memory, and the run's directories and
-    checkpoint path are claimed and writable."""
+    `train.init`, or with `--resume` the checkpoint's (`resumed`: its `(path, record)`, or
+    None to read it here). Before anything compiles: the processes agree on the run, the
+    state fits in memory, and the run's directories and checkpoint path are claimed and
+    writable."""
     agree_across_processes(config, run)
     hparams_of = jax.vmap(lambda _: config.hparams())  # one copy per run
     key_shapes = jax.ShapeDtypeStruct((run.num_seeds, 2), np.uint32)  # nothing made yet
@@ -182,9 +186,11 @@ def start_or_resume(algo: str, config, run: RunOptions, train) -> Session:
     session = Session(algo, config, run, train, layout, template,
                       layout.put(keys, layout.seeds), layout.put(hparams, layout.seeds))
     if run.resume:
-        given = checkpoint.resolve(run.resume)
+        given, record = resumed or (checkpoint.resolve(run.resume), None)
         try:
-            state, record = resume(given, algo, config, run, template)
+            if record is None:
+                record = checkpoint.load(given)
+            state = resume(given, record, algo, config, run, template)
             session.path = checkpoint.home(given)
             if session.writer:
                 checkpoint.check_writable(session.path)
@@ -345,10 +351,10 @@ def agree_across_processes(config, run: RunOptions):
              "same flags (only --process-id differs).")
 
 
-def resume(path: str, algo: str, config, run: RunOptions, template):
-    """`(train state, checkpoint record)` to continue `config`'s run of `algo` from the
-    checkpoint at `path`; `CheckpointError` names what does not match."""
-    record = checkpoint.load(path)
+def resume(path: str, record: dict, algo: str, config, run: RunOptions, template):
+    """The train state to continue `config`'s run of `algo` from the checkpoint `record`
+    (read from `path`), taken out of the record (no host copy of it stays for the run);
+    `CheckpointError` names what does not match."""
     checkpoint.check_algo(record, algo, path)
     now = {k: getattr(run, k) for k in RESUME_MUST_MATCH}
     differences = checkpoint.config_differences(record["config"], dataclasses.asdict(config)) \
@@ -358,7 +364,7 @@ def resume(path: str, algo: str, config, run: RunOptions, template):
                                          f"(saved -> now): {'; '.join(differences)}. Resume "
                                          f"with the saved values (leave those flags out), or "
                                          f"start a new run without --resume.")
-    return checkpoint.restore(template, record["train_state"], path), record
+    return checkpoint.restore(template, record.pop("train_state"), path)
 
 
 def compile_programs(s: Session):

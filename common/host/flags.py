@@ -1,10 +1,11 @@
 """The command line's flags: the run options and an algorithm's `Config` as one flat list,
 parsed with tyro, with bad input as one line.
 
-`parse(algo, Config, argv)` is the first step of `common/host/cli.py`'s `main`. The flags keep
-CleanRL's names; the named environment's preset (`common/presets.py`) or the checkpoint given
-to `--resume` supplies the defaults; tyro's messages for a malformed command line are put in
-the command line's own words (`in_plain_words`), and `--help` shows each field's docstring.
+`parse_command(algo, Config, argv)` is the first step of `common/host/cli.py`'s `main`. The
+flags keep CleanRL's names; the named environment's preset (`common/presets.py`) or the
+checkpoint given to `--resume` supplies the defaults (and is handed on, read once); tyro's
+messages for a malformed command line are put in the command line's own words
+(`in_plain_words`), and `--help` shows each field's docstring.
 """
 
 import ast
@@ -18,15 +19,35 @@ import re
 import sys
 import textwrap
 import types
-from typing import Annotated
+from typing import Annotated, Any, NamedTuple
 
 from common import presets
 from common.host import checkpoint
 from common.host.devices import fail
 from common.host.options import RunOptions, whole_number
 
+
+class Command(NamedTuple):
+    """The command line, read (`parse_command`)."""
+
+    config: Any
+    """The algorithm's `Config`."""
+    run: RunOptions
+    resumed: tuple[str, dict] | None = None
+    """With `--resume`: `(path, record)`, the checkpoint file `checkpoint.resolve(run.resume)`
+    and its record as `checkpoint.load` read it. Read once: its config and run options gave
+    the defaults, and `cli.train_and_log` continues its training state."""
+
+
 def parse(algo: str, config_cls, argv=None):
-    """`(config, run)` from the command line with tyro; a bad value exits 2 with one line.
+    """`(config, run)` from the command line (`parse_command`, without the checkpoint's
+    record: `train_and_log` reads it again)."""
+    config, run, _ = parse_command(algo, config_cls, argv)
+    return config, run
+
+
+def parse_command(algo: str, config_cls, argv=None) -> Command:
+    """The command line, read with tyro; a bad value exits 2 with one line.
 
     The flags of `RunOptions` and of `config_cls` form one flat list (no prefixes). tyro parses
     into copies of both classes without `__post_init__`, so that their own validation message
@@ -46,11 +67,12 @@ def parse(algo: str, config_cls, argv=None):
     command.__doc__ = paragraphs(config_cls.__doc__)
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        saved_run, saved_config, tuned = {"exp_name": algo}, {}, {}
+        saved_run, saved_config, tuned, resumed = {"exp_name": algo}, {}, {}, None
         resume = _flag_value(argv, "--resume")
         if resume is not None:
             path = checkpoint.resolve(resume)
             record = checkpoint.load(path)
+            resumed = path, record
             checkpoint.check_algo(record, algo, path)  # before its config meets ours
             saved_run, saved_config = dict(record["run"]), record["config"]
             # The runs' logs go on where the checkpoint is, from any working directory (a
@@ -76,7 +98,7 @@ def parse(algo: str, config_cls, argv=None):
         print(f"preset for {algo} on {config.env_id} (common/presets.py): "
               f"{', '.join(f'{k}={v}' for k, v in applied.items())}; flags given win, "
               "--no-presets for the file's defaults", flush=True)
-    return config, run
+    return Command(config, run, resumed)
 
 
 def _default(cls, name: str):
@@ -327,10 +349,12 @@ def _build(unchecked, cls, values: dict, skip=()):
 
 
 def _flag_value(argv, flag: str):
-    """The value of `--flag VALUE` or `--flag=VALUE` in `argv`, or None."""
+    """The value of `--flag VALUE` or `--flag=VALUE` in `argv` (given twice: the last, as tyro
+    reads it), or None."""
+    value = None
     for i, arg in enumerate(argv):
         if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
