@@ -144,14 +144,17 @@ def test_two_checkpoints_are_kept_and_the_previous_one_resumes_into_the_latest(t
 
 def test_a_resumed_run_reads_its_checkpoint_once(tmp_path, monkeypatch, capsys):
     """`--resume`: the file is read and verified once, by the flags, which hand its record on
-    to the training (here a finished run: nothing to do)."""
+    to the training (here a finished run: nothing to do); the devices are set up once."""
     main(TINY + ["--log-dir", str(tmp_path)])
     (path,) = glob.glob(str(tmp_path / "*" / checkpoint.LATEST))
     load, reads = checkpoint.load, []
     monkeypatch.setattr(checkpoint, "load", lambda p: reads.append(p) or load(p))
+    setup_devices, setups = cli.setup_devices, []
+    monkeypatch.setattr(cli, "setup_devices", lambda run: setups.append(run) or
+                        setup_devices(run))
     main(["--resume", path])
     assert f"nothing to do: {path} is at update 16 of 16" in capsys.readouterr().out
-    assert reads == [path]
+    assert reads == [path] and len(setups) == 1
 
 
 def test_a_resumed_run_logs_where_its_checkpoint_is_from_any_directory(tmp_path, monkeypatch):

@@ -62,7 +62,7 @@ def main(algo: str, config_cls, make_train, argv=None):
     EXIT_AT_ONCE = argv is None  # a real command line, not a call from Python
     try:
         config, run, resumed = parse_command(algo, config_cls, argv)
-        setup_devices(run)  # before anything starts JAX's backend (make_env does)
+        setup_devices(run)  # the one call: before anything starts JAX (make_train does)
         from common.host.prng import unroll_threefry_on_cpu
 
         unroll_threefry_on_cpu()  # the command line's choice: the same random bits, faster on CPU
@@ -145,11 +145,12 @@ def train_and_log(algo: str, config, run: RunOptions, train, resumed=None):
     The runs are spread over devices (and processes) as `Layout` describes; every process
     returns the same metrics, and only process 0 writes checkpoints and logs.
 
-    `resumed`: with `run.resume`, `(path, record)` of the checkpoint as `parse_command` read
-    it (None: it is read here).
+    JAX already runs (building `train` started it), on the devices `setup_devices(run)`
+    chose where it ran first (`main` does, before `make_train`). `resumed`: with
+    `run.resume`, `(path, record)` of the checkpoint as `parse_command` read it (None: it is
+    read here).
     """
     logger.enable_compilation_cache()  # first: every program below can come from the cache
-    setup_devices(run)  # a no-op when `main` did it or JAX already runs
     contract.check(algo, config, contract.Config, "its Config")
     contract.check(algo, train, contract.Train, "the train its make_train returns")
     if config.num_updates >= 2**31:
