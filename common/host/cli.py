@@ -31,6 +31,7 @@ import dataclasses
 import errno
 import math
 import os
+import queue
 import signal
 import sys
 import threading
@@ -86,9 +87,35 @@ def main(algo: str, config_cls, make_train, argv=None):
 # --------------------------------------------------------------------------------------------
 # The run, step by step
 # --------------------------------------------------------------------------------------------
+class CheckpointWriter:
+    """The writer thread's side of checkpointing: `write` runs there, queued by `save`, and
+    alone touches `packed`; the main thread learns what it wrote only from `written`."""
+
+    def __init__(self):
+        self.packed = checkpoint.Rows()
+        """The metric rows as checkpoints hold them, each chunk serialised once."""
+        self.written = queue.SimpleQueue()
+        """`(update, file)` of each checkpoint written, in order: the hand-over to the main
+        thread (a `SimpleQueue`, safe to read from a signal handler)."""
+
+    def write(self, path: str, keep_previous: bool, metrics: list, **record):
+        """Write the checkpoint `record` to `path` (`metrics`: the chunks' rows so far, those
+        not yet in `packed` serialised now), the file it replaces kept as the previous one
+        with `keep_previous`."""
+        for rows in metrics[len(self.packed):]:
+            self.packed.append(rows)
+        checkpoint.save(path, keep_previous=keep_previous, metrics=self.packed, **record)
+        self.written.put((record["update"], path))
+
+
 @dataclasses.dataclass
 class Session:
-    """What the steps of one command share."""
+    """What the steps of one command share, all of it the main thread's.
+
+    The writer thread (`files`, a `logger.BackgroundWriter`) is never handed the session:
+    each call queued there gets the values it needs as arguments (`save`, `log_chunk`), its
+    own state is `checkpoints`' (touched there only), and what it wrote comes back to the main
+    thread through the queue `checkpoints.written`."""
 
     algo: str
     config: Any
@@ -109,19 +136,16 @@ class Session:
     """The checkpoint file."""
     rows: list = dataclasses.field(default_factory=list)
     """The metric rows so far, one dict of arrays [num_seeds, chunk] per chunk."""
-    packed: checkpoint.Rows = dataclasses.field(default_factory=checkpoint.Rows)
-    """`rows` as checkpoints hold them, each chunk serialised once (on the writer thread)."""
     saved_update: int | None = None
-    """The update of the last checkpoint queued for writing."""
-    written_update: int | None = None
-    """The update of the last checkpoint known to be on disk."""
-    written_path: str = ""
-    """Its file: `path`, or until this run writes one, the file it resumed from."""
-    latest_is_ours: bool = False
-    """Whether the file at `path` is a checkpoint this run wrote or verified (only then does
-    a new checkpoint keep it as the previous one)."""
-    compile_time: float = 0.0
-    train_time: float = 0.0
+    """The update of the last checkpoint queued for writing to `path`, or that `path` held
+    when the run resumed from it (None: `path` holds no state of this run, and the next
+    checkpoint replaces the file there rather than keeping it as the previous one)."""
+    last_written: tuple[int, str] | None = None
+    """`(update, file)` of the last checkpoint known to be on disk: the file resumed from,
+    then those `checkpoints.written` reports (`last_checkpoint`)."""
+    checkpoints: CheckpointWriter = dataclasses.field(default_factory=CheckpointWriter)
+    """The writer thread's side of checkpointing: the main thread only queues its `write`
+    and takes from its `written`."""
     recent: Any = None
     """Per run, the mean return of the latest chunk in which it finished an episode (NaN
     before its first), for the progress line."""
@@ -131,9 +155,6 @@ class Session:
     @property
     def writer(self) -> bool:
         return jax.process_index() == 0
-
-    def run_names(self) -> list[str]:
-        return self.names
 
 
 def train_and_log(algo: str, config, run: RunOptions, train, resumed=None):
@@ -164,9 +185,9 @@ def train_and_log(algo: str, config, run: RunOptions, train, resumed=None):
               f"{config.num_updates}, the end of the run")
         return checkpoint.concat_rows(session.rows)
     run_chunk, run_eval, chunk = compile_programs(session)
-    session.compile_time = time.perf_counter() - start
-    train_in_chunks(session, run_chunk, run_eval, chunk)
-    return summarise(session)
+    compile_time = time.perf_counter() - start
+    train_time = train_in_chunks(session, run_chunk, run_eval, chunk)
+    return summarise(session, compile_time, train_time)
 
 
 def start_or_resume(algo: str, config, run: RunOptions, train, resumed=None) -> Session:
@@ -197,7 +218,6 @@ def start_or_resume(algo: str, config, run: RunOptions, train, resumed=None) -> 
                 checkpoint.check_writable(session.path)
         except checkpoint.CheckpointError as error:
             fail(error)
-        session.latest_is_ours = session.path == given
         now = checkpoint.library_versions()
         changed = [f"{k} {v} -> {now.get(k)}" for k, v in record["versions"].items()
                    if now.get(k) != v]
@@ -213,8 +233,8 @@ def start_or_resume(algo: str, config, run: RunOptions, train, resumed=None) -> 
         session.rows = [record["metrics"]] if session.first > 0 else []
         # Resumed from the previous file, `path` does not hold this state: a stop before the
         # next checkpoint writes it there, and until then messages name the file resumed.
-        session.saved_update = session.first if session.latest_is_ours else None
-        session.written_update, session.written_path = session.first, given
+        session.saved_update = session.first if session.path == given else None
+        session.last_written = session.first, given
         return session
     session.run_time = int(from_process_0(int(time.time())))  # process 0's clock names the run
     session.names = claim_run_dirs(config, run, session.run_time, session.writer)
@@ -427,7 +447,7 @@ def train_in_chunks(s: Session, run_chunk, run_eval, chunk: int):
     process; with several, every process stops together at the end of the chunk, which
     process 0 decides). A second signal stops at once, leaving the last checkpoint on disk.
     A checkpoint that cannot be written (a full disk) stops the run with one line; the
-    checkpoint before it is intact.
+    checkpoint before it is intact. Returns the seconds the loop took.
     """
     config, run, num_updates = s.config, s.run, s.config.num_updates
     progress = logger.Progress(f"{s.algo} {config.env_id}", num_updates * config.batch_size,
@@ -476,7 +496,7 @@ def train_in_chunks(s: Session, run_chunk, run_eval, chunk: int):
             board.close()
     if code is not None:
         leave_now(code)
-    s.train_time = time.perf_counter() - start
+    return time.perf_counter() - start
 
 
 EXIT_AT_ONCE = False
@@ -552,10 +572,15 @@ def stop_at_once(s: Session, signum: int):
 
 
 def last_checkpoint(s: Session) -> str:
-    """`path (update N)` of the last checkpoint on disk, for messages."""
-    if s.written_update is None:
+    """`path (update N)` of the last checkpoint on disk, for messages (on the main thread,
+    from a signal's handler too: it takes what the writer thread reported)."""
+    with contextlib.suppress(queue.Empty):
+        while True:
+            s.last_written = s.checkpoints.written.get_nowait()
+    if s.last_written is None:
         return "none was written"
-    return f"{s.written_path} (update {s.written_update})"
+    update, path = s.last_written
+    return f"{path} (update {update})"
 
 
 def recent_returns(rows: list, recent=None) -> np.ndarray:
@@ -610,7 +635,7 @@ def open_boards(s: Session) -> list:
     hparams = {**dataclasses.asdict(s.run), **dataclasses.asdict(s.config)}
     every = logger.log_every(s.config.num_updates, s.run.log_every)
     boards = [logger.TensorBoardRun(s.run.log_dir, name, hparams, purge=s.first > 0,
-                                    every=every) for name in s.run_names()]
+                                    every=every) for name in s.names]
     if s.rows:
         for i, board in enumerate(boards):
             board.write({k: v[i] for k, v in s.rows[0].items()})
@@ -645,31 +670,21 @@ def save(s: Session, update: int):
     here, in the same order (a collective)."""
     state = s.state if jax.process_count() == 1 else fetch(s.state)
     if s.writer:  # fetched, serialised and written on the background thread, in order
-        s.files.put(write_checkpoint, s, algo=s.algo,
-                    config=dataclasses.asdict(s.config), run=dataclasses.asdict(s.run),
-                    run_names=s.names, update=update, run_time=s.run_time,
-                    train_state=state, metrics=list(s.rows))
+        s.files.put(s.checkpoints.write, s.path, keep_previous=s.saved_update is not None,
+                    metrics=list(s.rows), algo=s.algo, config=dataclasses.asdict(s.config),
+                    run=dataclasses.asdict(s.run), run_names=list(s.names), update=update,
+                    run_time=s.run_time, train_state=state)
     s.saved_update = update
 
 
-def write_checkpoint(s: Session, metrics: list, **record):
-    """On the writer thread: write the checkpoint (`metrics`: the chunks' rows so far, those
-    not yet in `s.packed` serialised now), the file it replaces kept as the previous one when
-    this run wrote or verified it."""
-    for rows in metrics[len(s.packed):]:
-        s.packed.append(rows)
-    checkpoint.save(s.path, keep_previous=s.latest_is_ours, metrics=s.packed, **record)
-    s.latest_is_ours, s.written_update, s.written_path = True, record["update"], s.path
-
-
-def summarise(s: Session) -> dict:
+def summarise(s: Session, compile_time: float, train_time: float) -> dict:
     """Check the processes agree, print the one-line summary, return the metrics."""
     config, run = s.config, s.run
     metrics = checkpoint.concat_rows(s.rows)
     if jax.process_count() > 1:
         same_everywhere(s.state.params, replicated=run.parallel == "data")
     steps = config.num_updates * config.batch_size
-    paths = [os.path.join(run.log_dir, name) for name in s.run_names()]
+    paths = [os.path.join(run.log_dir, name) for name in s.names]
     final = logger.final_return(metrics["episodic_return"])
     more = f" (+{len(paths) - 1} more)" if len(paths) > 1 else ""
     trained = (config.num_updates - s.first) * config.batch_size * run.num_seeds
@@ -680,8 +695,8 @@ def summarise(s: Session) -> dict:
             print(f"parameters identical on all {jax.process_count()} processes", flush=True)
         print(f"done: {s.algo.upper()} on {config.env_id}, {run.num_seeds} run(s) x "
               f"{steps:,} steps | final return (last 10% of updates) {final_return_text(final)} "
-              f"| compile {s.compile_time:.1f}s, train {s.train_time:.1f}s "
-              f"({trained / max(s.train_time, 1e-9):,.0f} SPS) on {where} "
+              f"| compile {compile_time:.1f}s, train {train_time:.1f}s "
+              f"({trained / max(train_time, 1e-9):,.0f} SPS) on {where} "
               f"| logs: {paths[0]}{more} | checkpoint: {s.path}", flush=True)
     return metrics
 
