@@ -30,7 +30,7 @@ What differs from the paper, following OpenAI Baselines' `a2c` and Stable-Baseli
   squared error, so their `vf_coef` equals ours / 2 for the same gradient.
 
 From Python (needs only `common/` modules `envs`, `rollout`, `scan`, `gae`, `normalize`,
-`distributed`, `nn` and `validate`; `docs/copying.md`):
+`distributed`, `nn`, `minibatch` and `validate`; `docs/copying.md`):
 
     train = make_train(Config(env_id="CartPole-v1"))
     state, metrics = jax.jit(train)(jax.random.PRNGKey(0))
@@ -55,9 +55,9 @@ from common import distributed, normalize
 from common.distributed import pmean
 from common.envs import EnvSpec, check_env_id, make_env
 from common.gae import gae
+from common.minibatch import flat_optimizer, sgd_scan
 from common.nn import CORES, Conv, Dense, orthogonal
-from common.rollout import (EnvState, Trajectory, finished_episode_stats, reset, rollout,
-                            steps_done)
+from common.rollout import EnvState, finished_episode_stats, reset, rollout, steps_done
 from common.validate import check_fields, require
 
 
@@ -268,6 +268,29 @@ class ActorCritic(nn.Module):
         return pi, value, memory
 
 
+class PolicyInfo(NamedTuple):
+    """What the actor records at acting time, beside the action."""
+
+    value: jax.Array
+    memory: jax.Array | None
+    """The recurrent core's state after this step, for the bootstrap value; else None."""
+
+
+class Transition(NamedTuple):
+    """Training samples: one per (step, environment), flattened (feed-forward), or whole
+    sequences [num_envs, T] (recurrent)."""
+
+    obs: jax.Array
+    action: jax.Array
+    value: jax.Array
+    """V(s), recorded when acting (the parameters the gradient step starts from)."""
+    advantage: jax.Array
+    ret: jax.Array
+    """The return target G_t, advantage + value."""
+    first: jax.Array | None = None
+    """Recurrent: the episode starts, where the recurrent state resets; None: feed-forward."""
+
+
 class TrainState(NamedTuple):
     """Everything `train` carries from one update to the next."""
 
@@ -284,49 +307,43 @@ class LossInfo(NamedTuple):
     value_loss: jax.Array
     policy_loss: jax.Array
     entropy: jax.Array
-    explained_variance: jax.Array
 
 
 # --------------------------------------------------------------------------------------------
 # Loss
 # --------------------------------------------------------------------------------------------
-def a2c_loss(log_prob_t, entropy_t, v_t, r_t, v_tp1, terminated_t, truncated_t, *, gamma,
-             gae_lambda, ent_coef, vf_coef, norm_adv: bool = False):
-    r"""The A2C loss of one rollout, advantages included.
+def a2c_loss(log_prob, entropy, value, batch: Transition, hp: "HParams", *,
+             norm_adv: bool = False):
+    r"""The A2C loss of one rollout (Algorithm S3's update, as a loss to minimise):
 
-        A_t, G_t = gae(r_t, V(s_t), V(s'_t), terminated_t, truncated_t, gamma, lambda)
         L = -mean[A_t log pi(a_t|s_t)] + vf_coef * 0.5 mean[(G_t - V(s_t))^2] - ent_coef mean[H_t]
 
-    With `gae_lambda = 1`, G_t is the n-step return of Mnih et al. (2016, Algorithm S3),
-    G_t = r_t + gamma G_{t+1}, ending in V(s'_t) at a truncation or at the rollout's last step
-    and in 0 at a termination. A_t and G_t are targets: the gradient reaches the policy only
-    through `log_prob_t` and the critic only through `v_t` in the squared error.
+    A_t and G_t are targets, computed before the step from the rollout (`common.gae.gae`:
+    with `gae_lambda = 1`, G_t is the n-step return of Mnih et al. 2016, r_t + gamma G_{t+1},
+    ending in V(s'_t) at a truncation or at the rollout's last step and in 0 at a
+    termination): the gradient reaches the policy only through `log_prob` and the critic only
+    through `value` in the squared error.
 
     Args:
-      log_prob_t: log pi(a_t|s_t) under the parameters being trained, [T, *batch].
-      entropy_t: H(pi(.|s_t)), [T, *batch].
-      v_t: V(s_t) under the parameters being trained, [T, *batch].
-      r_t, v_tp1, terminated_t, truncated_t: as `common.gae.gae` takes them, [T, *batch];
-        `v_tp1` is V of the observation step t led to, before any automatic reset.
-      gamma, gae_lambda, ent_coef, vf_coef: scalars (Python floats or traced).
-      norm_adv: normalise the advantages to mean 0, std 1 over the rollout.
+      log_prob, entropy, value: log pi(a|s), H(pi(.|s)) and V(s) under the parameters being
+        trained, one per sample [B] (or [T, B]).
+      batch: the samples' `Transition`s (advantages and returns), every field [B, ...].
+      hp: the `HParams` (ent_coef, vf_coef).
+      norm_adv: normalise the advantages to mean 0, std 1 over the rollout (across the
+        devices of a data-parallel run).
 
     Returns:
-      `(loss, LossInfo)`, scalars; `explained_variance` = 1 - Var[G - V] / Var[G] (NaN where
-      Var[G] = 0, as Baselines).
+      `(loss, LossInfo)`, scalars.
     """
-    value = lax.stop_gradient(v_t)
-    advantage, ret = gae(r_t, value, v_tp1, terminated_t, truncated_t, gamma, gae_lambda)
-    if norm_adv:  # over the whole rollout, across devices in data-parallel runs
+    advantage = batch.advantage
+    if norm_adv:
         mean, var = distributed.mean_var(advantage)
         advantage = (advantage - mean) / (jnp.sqrt(var) + 1e-8)
-    policy_loss = -(advantage * log_prob_t).mean()
-    value_loss = 0.5 * jnp.square(ret - v_t).mean()
-    entropy = entropy_t.mean()
-    loss = policy_loss + vf_coef * value_loss - ent_coef * entropy
-    (_, var_error), (_, var_ret) = distributed.mean_var(ret - value), distributed.mean_var(ret)
-    explained_variance = jnp.where(var_ret > 0, 1.0 - var_error / var_ret, jnp.nan)
-    return loss, LossInfo(value_loss, policy_loss, entropy, explained_variance)
+    policy_loss = -(advantage * log_prob).mean()
+    value_loss = 0.5 * jnp.square(batch.ret - value).mean()
+    entropy = entropy.mean()
+    loss = policy_loss + hp.vf_coef * value_loss - hp.ent_coef * entropy
+    return loss, LossInfo(value_loss, policy_loss, entropy)
 
 
 # --------------------------------------------------------------------------------------------
@@ -356,19 +373,20 @@ def make_train(config: Config, live_progress: bool = False):
             return hp.learning_rate * (1.0 - update / num_updates)
         return hp.learning_rate
 
-    def make_optimizer(hp: HParams):
-        # One optimiser step per update, so the optimiser's step count is the update number.
-        lr = lambda count: learning_rate(hp, count)  # noqa: E731
+    def make_optimizer(hp: HParams, lr):
+        """Global-norm gradient clipping, then RMSprop (or Adam) with step size `lr`.
+        (`flat_optimizer` runs them on one vector, the same numbers in fewer kernels: faster
+        on CPU. A transformation that looks at the parameters' tree goes outside it.)"""
         if config.optimizer == "rmsprop":
             # PyTorch's RMSprop (what SB3 uses): v = alpha v + (1 - alpha) g^2, step
             # lr g / (sqrt(v) + eps) -- eps outside the square root (optax's default puts it
             # inside, https://github.com/google-deepmind/optax/issues/532), accumulator
             # starting at 0, no centring, no momentum.
-            opt = optax.rmsprop(lr, decay=hp.rms_decay, eps=hp.opt_eps, eps_in_sqrt=False,
-                                centered=False)
+            step = optax.rmsprop(lr, decay=hp.rms_decay, eps=hp.opt_eps, eps_in_sqrt=False,
+                                 centered=False)
         else:
-            opt = optax.adam(lr, eps=hp.opt_eps)
-        return optax.chain(optax.clip_by_global_norm(hp.max_grad_norm), opt)
+            step = optax.adam(lr, eps=hp.opt_eps)
+        return flat_optimizer(optax.chain(optax.clip_by_global_norm(hp.max_grad_norm), step))
 
     def initial_hidden(num_envs: int):
         """The recurrent state of environments before their first step (None: feed-forward)."""
@@ -386,6 +404,15 @@ def make_train(config: Config, live_progress: bool = False):
                                     jnp.zeros((1, steps * envs), bool))
         return value.reshape(steps, envs)
 
+    def loss_fn(params, hp: HParams, obs_stats, minibatch):
+        hidden, batch = minibatch  # recurrent: [envs] start states and [envs, T] sequences
+        if recurrent:  # time-major for the core's scan: [T, envs]
+            batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)
+        obs = normalize.normalize(obs_stats, batch.obs) if config.normalize_obs else batch.obs
+        pi, value, _ = network.apply(params, obs, hidden, batch.first)
+        return a2c_loss(pi.log_prob(batch.action), pi.entropy(), value, batch, hp,
+                        norm_adv=config.norm_adv)
+
     def init(key, hparams: HParams | None = None) -> TrainState:
         """Fresh parameters, optimiser state and environments for one run (data-parallel:
         the same parameters on every device, each device its own share of the environments)."""
@@ -398,55 +425,43 @@ def make_train(config: Config, live_progress: bool = False):
             raise ValueError(f"data-parallel A2C on {devices} devices needs --num-envs "
                              f"({config.num_envs}) to divide by {devices}.")
         num_envs = config.num_envs // devices
-        return TrainState(params, make_optimizer(hp).init(params), normalize.init(spec.obs_shape),
-                          normalize.init(()),
+        return TrainState(params, make_optimizer(hp, hp.learning_rate).init(params),
+                          normalize.init(spec.obs_shape), normalize.init(()),
                           reset(env, env_params, distributed.fold_in_device(key_env), num_envs,
                                 initial_hidden(num_envs)), key)
 
-    def learn(state: TrainState, hp: HParams, traj: Trajectory):
-        """One gradient step of the A2C loss on one rollout (Algorithm S3's update).
+    def learn(state: TrainState, hp: HParams, data: Transition, update, hidden=None):
+        """One gradient step on the whole rollout `data` (Algorithm S3's update), at the
+        learning rate of update number `update`: minibatch SGD with one epoch of one
+        minibatch. Feed-forward: `data` holds single samples [batch_size] and `hidden` is
+        None; recurrent: whole sequences [num_envs, T] and `hidden` [num_envs, H] the
+        recurrent state at each one's start, the core recomputed over them.
 
-        `traj` is time-major, [T, num_envs, ...] (data-parallel: this device's share of the
-        environments, [T, num_envs / D, ...]); the step reads its obs, action, reward,
-        terminated, truncated and next_obs, and bootstraps from V(next_obs) under
-        `state.params` (recurrent: the rollout's recurrent states are in `traj.policy_info`, and
-        the update recomputes the core over the rollout from `state.env.hidden`, the state it
-        started from). The losses are means over equal shares, so the mean (`pmean`) of the
-        devices' gradients is the gradient of the whole rollout; advantage normalisation and
-        explained variance use global statistics (`distributed.mean_var`), so the result does
-        not depend on the number of devices.
-        Returns `(params, opt_state, info)`, `info` averaged over the devices.
+        In data-parallel runs every device holds the global batch, computes the gradient of its
+        1/D share and `pmean` averages them (advantage normalisation uses global statistics),
+        so the result does not depend on the number of devices.
+        Returns `(params, opt_state, info)`.
         """
-        norm = (lambda obs: normalize.normalize(state.obs_stats, obs)) if config.normalize_obs \
-            else (lambda obs: obs)
-
-        # BOOTSTRAP VALUES: V of the true next observation (the final one where an episode ended)
-        v_tp1 = next_values(state.params, norm(traj.next_obs), traj.policy_info)
-
-        def loss_fn(params):
-            pi, v_t, _ = network.apply(params, norm(traj.obs), state.env.hidden, traj.first)
-            return a2c_loss(pi.log_prob(traj.action), pi.entropy(), v_t, traj.reward, v_tp1,
-                            traj.terminated, traj.truncated, gamma=hp.gamma,
-                            gae_lambda=hp.gae_lambda, ent_coef=hp.ent_coef,
-                            vf_coef=hp.vf_coef, norm_adv=config.norm_adv)
-
-        grads, info = jax.grad(loss_fn, has_aux=True)(state.params)
-        grads, info = pmean((grads, info))  # data-parallel: average over devices (no-op otherwise)
-        updates, opt_state = make_optimizer(hp).update(grads, state.opt_state, state.params)
-        return optax.apply_updates(state.params, updates), opt_state, info
+        optimizer = make_optimizer(hp, learning_rate(hp, update))
+        # data-parallel: each device's share of the batch, gradients averaged (pmean)
+        loss = lambda p, batch: loss_fn(  # noqa: E731
+            p, hp, state.obs_stats, distributed.device_share(batch))
+        whole = jax.tree.map(lambda x: x[None], (hidden, data))  # one minibatch: all of it
+        params, opt_state, info = sgd_scan(loss, optimizer, state.params, state.opt_state,
+                                           whole, reduce=pmean)
+        return params, opt_state, jax.tree.map(lambda x: x[0], info)
 
     def policy(params, obs_stats):
         """pi(.|s) under `params`, as `rollout` calls it: `(key, obs, first, hidden) ->
-        (action, memory, hidden)`, the core stepped once (and reset where `first`); `memory`,
-        its output (None: feed-forward), is recorded for the bootstrap values."""
+        (action, PolicyInfo, hidden)`, the core stepped once (and reset where `first`)."""
         def sample(key, obs, first, hidden):
             if config.normalize_obs:
                 obs = normalize.normalize(obs_stats, obs)
             if recurrent:  # one time step of the sequence
-                pi, _, memory = network.apply(params, obs[None], hidden, first[None])
-                return pi.sample(seed=key)[0], memory[0], memory[0]
-            pi, _, _ = network.apply(params, obs)
-            return pi.sample(seed=key), None, None
+                pi, value, memory = network.apply(params, obs[None], hidden, first[None])
+                return pi.sample(seed=key)[0], PolicyInfo(value[0], memory[0]), memory[0]
+            pi, value, _ = network.apply(params, obs)
+            return pi.sample(seed=key), PolicyInfo(value, None), None
 
         return sample
 
@@ -468,12 +483,31 @@ def make_train(config: Config, live_progress: bool = False):
             env_state = env_state._replace(discounted_return=discounted)
             traj = traj._replace(reward=reward)
 
-        # UPDATE: one gradient step on the whole rollout (time-major [T, num_envs])
-        params, opt_state, info = learn(state, hp, traj)
+        # ADVANTAGES: n-step returns (GAE with gae_lambda < 1), bootstrapping from V of the
+        # true next observation
+        next_obs = traj.next_obs
+        if config.normalize_obs:
+            next_obs = normalize.normalize(state.obs_stats, next_obs)
+        next_value = next_values(state.params, next_obs, traj.policy_info.memory)
+        advantage, ret = gae(traj.reward, traj.policy_info.value, next_value,
+                             traj.terminated, traj.truncated, hp.gamma, hp.gae_lambda)
+        data = Transition(traj.obs, traj.action, traj.policy_info.value, advantage, ret,
+                          traj.first if recurrent else None)
+        # GATHER (data-parallel): every device gets the global batch, environments in order
+        data = distributed.all_gather(data, axis=1)
+        hidden = distributed.all_gather(state.env.hidden, axis=0)  # the rollout's start states
+        if recurrent:  # whole sequences, environment-major [num_envs, T]
+            data = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), data)
+        else:  # single samples [batch_size]
+            data = jax.tree.map(lambda x: x.reshape((batch_size,) + x.shape[2:]), data)
+
+        # UPDATE: one gradient step on the whole rollout
+        params, opt_state, info = learn(state, hp, data, update, hidden)
 
         obs_stats = state.obs_stats
-        if config.normalize_obs:
-            obs_stats = normalize.update(obs_stats, traj.obs.reshape((-1,) + spec.obs_shape))
+        if config.normalize_obs:  # global batch
+            obs_stats = normalize.update(obs_stats, data.obs.reshape((-1,) + spec.obs_shape),
+                                         axis_name=None)
 
         # METRICS: one row per update
         ret_sum, len_sum, count = pmean(finished_episode_stats(traj))
@@ -483,6 +517,7 @@ def make_train(config: Config, live_progress: bool = False):
             "episodic_length": len_sum / count,
             "learning_rate": learning_rate(hp, update),
             **info._asdict(),
+            "explained_variance": distributed.explained_variance(data.ret, data.value),
         }
         if progress is not None:
             progress.report_from_jit(update, num_updates, metrics["global_step"],
@@ -516,6 +551,7 @@ def make_train(config: Config, live_progress: bool = False):
     train.init, train.run_updates, train.learn, train.act = init, run_updates, learn, act
     train.policy, train.next_values = policy, next_values
     train.initial_hidden, train.progress = initial_hidden, progress
+    train.env = env, env_params, spec
     return train
 
 

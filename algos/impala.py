@@ -59,7 +59,7 @@ from jax import lax
 from common import distributed, normalize
 from common.distributed import pmean
 from common.envs import EnvSpec, check_env_id, make_env
-from common.minibatch import permutation
+from common.minibatch import flat_optimizer, sgd_scan, shuffled_minibatches
 from common.nn import CORES, Conv, Dense, orthogonal
 from common.rollout import EnvState, finished_episode_stats, reset, rollout, steps_done
 from common.validate import check_fields, require
@@ -284,8 +284,17 @@ class ActorCritic(nn.Module):
         return pi, value, memory
 
 
+class PolicyInfo(NamedTuple):
+    """What the actor records at acting time, beside the action."""
+
+    log_prob: jax.Array
+    """log mu(a|s), the behaviour policy's log-probability of its action."""
+
+
 class Transition(NamedTuple):
-    """The learner's view of a batch of trajectories, time-major: every field [T, num_envs, ...]."""
+    """The learner's view of a batch of trajectories: whole trajectories [num_envs, T, ...]
+    (time-major [T, envs, ...] where it comes from the rollout and where the loss runs
+    V-Trace along time)."""
 
     obs: jax.Array
     action: jax.Array
@@ -331,7 +340,9 @@ class LossInfo(NamedTuple):
     approx_kl: jax.Array
     """KL(behaviour || learner), k3 estimate from the behaviour's samples."""
     explained_variance: jax.Array
-    """1 - Var(vs - V) / Var(vs) (NaN where Var(vs) = 0, as Baselines)."""
+    """1 - Var(vs - V) / Var(vs) (NaN where Var(vs) = 0, as Baselines). Here in the loss, where
+    `ppo.py` and `a2c.py` compute it in `update_step`: the V-Trace targets vs depend on the
+    learner's parameters, so they exist only inside the loss."""
     mean_clipped_rho: jax.Array
     """Mean of min(rho_bar, rho_t)."""
     rho_clip_fraction: jax.Array
@@ -341,7 +352,7 @@ class LossInfo(NamedTuple):
 # --------------------------------------------------------------------------------------------
 # Loss
 # --------------------------------------------------------------------------------------------
-def impala_loss(log_prob_t, entropy_t, v_t, v_tp1, batch: Transition, hp: "HParams",
+def impala_loss(log_prob_t, entropy_t, v_t, v_tp1, batch: Transition, hp: "HParams", *,
                 vtrace_correction: bool = True):
     r"""The V-Trace actor-critic loss of a batch of trajectories (Sec. 4.2), means over [T, B]:
 
@@ -378,11 +389,9 @@ def impala_loss(log_prob_t, entropy_t, v_t, v_tp1, batch: Transition, hp: "HPara
     kl = (jnp.exp(capped) - 1.0 - capped).mean()
     loss = policy_loss + hp.vf_coef * value_loss - hp.ent_coef * entropy + hp.kl_coef * kl
     rho_t = jnp.exp(lax.stop_gradient(log_rho_t))
-    _, var_error = distributed.mean_var(vs_t - lax.stop_gradient(v_t))
-    _, var_vs = distributed.mean_var(vs_t)
     info = LossInfo(
         value_loss, policy_loss, entropy, lax.stop_gradient(kl),
-        jnp.where(var_vs > 0, 1.0 - var_error / var_vs, jnp.nan),
+        distributed.explained_variance(vs_t, lax.stop_gradient(v_t)),
         jnp.minimum(hp.rho_bar, rho_t).mean(),
         (rho_t > hp.rho_bar * (1 + RHO_ROUNDING)).astype(jnp.float32).mean())
     return loss, info
@@ -416,10 +425,10 @@ def make_train(config: Config, live_progress: bool = False):
             return hp.learning_rate * (1.0 - update / num_updates)
         return hp.learning_rate
 
-    def make_optimizer(hp: HParams):
-        # Counts optimiser steps; one update makes update_epochs * num_minibatches of them.
-        steps_per_update = config.update_epochs * config.num_minibatches
-        lr = lambda count: learning_rate(hp, count // steps_per_update)  # noqa: E731
+    def make_optimizer(hp: HParams, lr):
+        """Global-norm gradient clipping, then RMSprop (or Adam) with step size `lr`.
+        (`flat_optimizer` runs them on one vector, the same numbers in fewer kernels: faster
+        on CPU. A transformation that looks at the parameters' tree goes outside it.)"""
         if config.optimizer == "rmsprop":
             # TensorFlow's RMSProp as in the paper: v = decay v + (1 - decay) g^2, step
             # lr g / sqrt(v + eps), no momentum, no centring. The accumulator starts at 0 (TF1
@@ -427,7 +436,7 @@ def make_train(config: Config, live_progress: bool = False):
             step = optax.rmsprop(lr, decay=hp.rms_decay, eps=hp.opt_eps, eps_in_sqrt=True)
         else:
             step = optax.adam(lr, eps=hp.opt_eps)
-        return optax.chain(optax.clip_by_global_norm(hp.max_grad_norm), step)
+        return flat_optimizer(optax.chain(optax.clip_by_global_norm(hp.max_grad_norm), step))
 
     def initial_hidden(num_envs: int):
         """The recurrent state of environments before their first step (None: feed-forward)."""
@@ -445,15 +454,17 @@ def make_train(config: Config, live_progress: bool = False):
                                     jnp.zeros((1, steps * envs), bool))
         return value.reshape(steps, envs)
 
-    def loss_fn(params, hp: HParams, obs_stats, hidden, batch: Transition):
-        """The loss of a minibatch of trajectories [T, B] starting from recurrent states `hidden`
-        [B, H] (None: feed-forward), recomputed with the learner's parameters."""
+    def loss_fn(params, hp: HParams, obs_stats, minibatch):
+        """The loss of a minibatch of whole trajectories, recomputed with the learner's
+        parameters from their recurrent start states (None: feed-forward)."""
+        hidden, batch = minibatch  # [envs] start states and [envs, T] trajectories
+        batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)  # time-major: [T, envs]
         norm = (lambda obs: normalize.normalize(obs_stats, obs)) if config.normalize_obs \
             else (lambda obs: obs)
         pi, v_t, memory = network.apply(params, norm(batch.obs), hidden, batch.first)
         v_tp1 = next_values(params, norm(batch.next_obs), memory)
-        return impala_loss(pi.log_prob(batch.action), pi.entropy(), v_t, v_tp1, batch,
-                           hp, vtrace_correction=config.vtrace)
+        return impala_loss(pi.log_prob(batch.action), pi.entropy(), v_t, v_tp1, batch, hp,
+                           vtrace_correction=config.vtrace)
 
     def init(key, hparams: HParams | None = None) -> TrainState:
         """Fresh parameters, optimiser state and environments for one run."""
@@ -467,56 +478,37 @@ def make_train(config: Config, live_progress: bool = False):
             raise ValueError(f"data-parallel IMPALA on {devices} devices needs the environments "
                              f"per minibatch ({envs_per_minibatch}) to divide by {devices}.")
         num_envs = config.num_envs // devices
-        return TrainState(params, past_params, make_optimizer(hp).init(params),
+        return TrainState(params, past_params,
+                          make_optimizer(hp, hp.learning_rate).init(params),
                           normalize.init(spec.obs_shape), normalize.init(()),
                           reset(env, env_params, distributed.fold_in_device(key_env), num_envs,
                                 initial_hidden(num_envs)), key)
 
-    def learn(state: TrainState, hp: HParams, data: Transition, key, hidden=None):
-        """The learner's step (Sec. 4.2) on one batch of trajectories: `update_epochs` passes
-        over `num_minibatches` minibatches of whole trajectories, one SGD step on the V-Trace
-        actor-critic loss (`loss_fn`) per minibatch.
+    def learn(state: TrainState, hp: HParams, data: Transition, key, update, hidden=None):
+        """The learner's step (Sec. 4.2) on one global batch of whole trajectories `data`
+        [num_envs, T], at the learning rate of update number `update`: `update_epochs`
+        passes over `num_minibatches` minibatches, one SGD step on the V-Trace actor-critic
+        loss (`loss_fn`) per minibatch. Minibatches split the environments, never the time
+        axis, which V-Trace runs along. `hidden` [num_envs, H] holds each trajectory's
+        recurrent state at its start (the behaviour policy's own), split with its
+        trajectory; None for a feed-forward network.
 
-        `data` is time-major, [T, num_envs, ...] (data-parallel: this device's share of the
-        environments, [T, num_envs / D, ...]). Minibatches split the environments, never the
-        time axis, which V-Trace runs along: each epoch permutes all `num_envs` environments
-        with `key` and cuts them into consecutive minibatches. So that a minibatch is the same
-        set of trajectories on any number of devices D, every device gathers the whole batch
-        (`all_gather`), applies the same permutation, and takes the gradient of its 1/D share
-        of each minibatch (`device_share`); `pmean` of those (means over equal shares) is the
-        minibatch's gradient. Permuting only the local environments would need no gather but
-        would split differently -- every minibatch would hold equally many trajectories from
-        each device -- and the result would depend on D.
-        Recurrent: `hidden` [num_envs, H] holds each trajectory's recurrent state at its start (the
-        behaviour policy's own), split with its trajectory; the learner recomputes the core
-        from it with its current parameters. None for a feed-forward network.
+        Every device shuffles the same batch with the same key; in data-parallel runs each
+        computes the gradient of its 1/D share of every minibatch and `pmean` averages them,
+        so the result does not depend on the number of devices.
         Returns `(params, opt_state, info)`, `info` [update_epochs, num_minibatches].
         """
-        optimizer = make_optimizer(hp)
-        data = distributed.all_gather(data, axis=1)  # data-parallel: every environment, in order
-        hidden = distributed.all_gather(hidden, axis=0)
+        optimizer = make_optimizer(hp, learning_rate(hp, update))
 
         def epoch(carry, key):
-            def minibatch(carry, batch):
-                params, opt_state = carry
-                hidden, batch = batch
-                # Data-parallel: each device takes its 1/D of the minibatch's environments.
-                grads, info = jax.grad(loss_fn, has_aux=True)(
-                    params, hp, state.obs_stats, distributed.device_share(hidden, axis=0),
-                    distributed.device_share(batch, axis=1))
-                grads, info = pmean((grads, info))  # average over devices (no-op otherwise)
-                updates, opt_state = optimizer.update(grads, opt_state, params)
-                return (optax.apply_updates(params, updates), opt_state), info
-
-            order = permutation(key, config.num_envs)
-            batches = jax.tree.map(  # [T, num_envs, ...] -> [minibatch, T, envs_per_mb, ...]
-                lambda x: jnp.swapaxes(x[:, order].reshape(
-                    (config.num_steps, config.num_minibatches, envs_per_minibatch) + x.shape[2:]),
-                    0, 1), data)
-            starts = jax.tree.map(  # [num_envs, H] -> [minibatch, envs_per_mb, H]
-                lambda h: h[order].reshape((config.num_minibatches, envs_per_minibatch)
-                                           + h.shape[1:]), hidden)
-            return lax.scan(minibatch, carry, (starts, batches))
+            params, opt_state = carry
+            # data-parallel: each device's share of a minibatch, gradients averaged (pmean)
+            loss = lambda p, batch: loss_fn(  # noqa: E731
+                p, hp, state.obs_stats, distributed.device_share(batch))
+            batches = shuffled_minibatches(key, (hidden, data), config.num_minibatches)
+            params, opt_state, info = sgd_scan(loss, optimizer, params, opt_state, batches,
+                                               reduce=pmean)
+            return (params, opt_state), info
 
         (params, opt_state), info = lax.scan(
             epoch, (state.params, state.opt_state), jax.random.split(key, config.update_epochs))
@@ -524,18 +516,18 @@ def make_train(config: Config, live_progress: bool = False):
 
     def policy(params, obs_stats):
         """mu(.|s) under `params`, as `rollout` calls it: `(key, obs, first, hidden) ->
-        (action, log mu(action|s), hidden)`, the core stepped once (and reset where `first`);
-        the recurrent state it carries is the behaviour policy's own."""
+        (action, PolicyInfo, hidden)`, the core stepped once (and reset where `first`); the
+        recurrent state it carries is the behaviour policy's own."""
         def sample(key, obs, first, hidden):
             if config.normalize_obs:
                 obs = normalize.normalize(obs_stats, obs)
             if recurrent:  # one time step of the sequence
                 pi, _, memory = network.apply(params, obs[None], hidden, first[None])
                 action, log_prob = pi.sample_and_log_prob(seed=key)
-                return action[0], log_prob[0], memory[0]
+                return action[0], PolicyInfo(log_prob[0]), memory[0]
             pi, _, _ = network.apply(params, obs)
             action, log_prob = pi.sample_and_log_prob(seed=key)
-            return action, log_prob, None
+            return action, PolicyInfo(log_prob), None
 
         return sample
 
@@ -561,10 +553,15 @@ def make_train(config: Config, live_progress: bool = False):
             env_state = env_state._replace(discounted_return=discounted)
             traj = traj._replace(reward=reward)
         data = Transition(traj.obs, traj.action, traj.reward, traj.terminated, traj.truncated,
-                          traj.next_obs, traj.policy_info, traj.first if recurrent else None)
+                          traj.next_obs, traj.policy_info.log_prob,
+                          traj.first if recurrent else None)
+        # GATHER (data-parallel): every device gets the global batch, environments in order
+        data = distributed.all_gather(data, axis=1)
+        hidden = distributed.all_gather(state.env.hidden, axis=0)  # the rollout's start states
+        data = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), data)  # trajectories [num_envs, T]
 
         # LEARN: update_epochs passes over minibatches of whole trajectories
-        params, opt_state, info = learn(state, hp, data, key_epochs, state.env.hidden)
+        params, opt_state, info = learn(state, hp, data, key_epochs, update, hidden)
 
         # LAG: the parameters this update started from join the queue, the oldest leave it
         past_params = jax.tree.map(
@@ -572,9 +569,9 @@ def make_train(config: Config, live_progress: bool = False):
             if lag else state.past_params
 
         obs_stats = state.obs_stats
-        if config.normalize_obs:
-            # global statistics of the whole batch (data-parallel: averaged over the devices)
-            obs_stats = normalize.update(obs_stats, data.obs.reshape((-1,) + spec.obs_shape))
+        if config.normalize_obs:  # global batch
+            obs_stats = normalize.update(obs_stats, data.obs.reshape((-1,) + spec.obs_shape),
+                                         axis_name=None)
 
         # METRICS: one row per update, losses averaged over the minibatches
         ret_sum, len_sum, count = pmean(finished_episode_stats(traj))
@@ -618,6 +615,7 @@ def make_train(config: Config, live_progress: bool = False):
     train.init, train.run_updates, train.learn, train.act = init, run_updates, learn, act
     train.policy, train.next_values = policy, next_values
     train.initial_hidden, train.progress = initial_hidden, progress
+    train.env = env, env_params, spec
     return train
 
 

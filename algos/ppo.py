@@ -308,7 +308,7 @@ class LossInfo(NamedTuple):
 # --------------------------------------------------------------------------------------------
 # Loss
 # --------------------------------------------------------------------------------------------
-def ppo_loss(log_prob, entropy, value, batch: Transition, *, clip_coef, ent_coef, vf_coef,
+def ppo_loss(log_prob, entropy, value, batch: Transition, hp: "HParams", *,
              norm_adv: bool = True, clip_vloss: bool = True):
     r"""The PPO loss of one minibatch (paper eq. 9, as a loss to minimise):
 
@@ -323,7 +323,7 @@ def ppo_loss(log_prob, entropy, value, batch: Transition, *, clip_coef, ent_coef
         trained, one per sample [B].
       batch: the samples' `Transition`s (old log-probabilities and values, advantages and
         returns), every field [B, ...].
-      clip_coef, ent_coef, vf_coef: eps and the coefficients (Python floats or traced).
+      hp: the `HParams` (clip_coef, ent_coef, vf_coef: eps and the coefficients).
       norm_adv: normalise the advantages to mean 0, std 1 over the minibatch (across the
         devices of a data-parallel run).
 
@@ -331,6 +331,7 @@ def ppo_loss(log_prob, entropy, value, batch: Transition, *, clip_coef, ent_coef
       `(loss, LossInfo)`, scalars; `approx_kl` is Schulman's k3 estimator of KL(pi_old || pi)
       (http://joschu.net/blog/kl-approx.html), `clipfrac` the fraction of |r - 1| > eps.
     """
+    clip_coef = hp.clip_coef
     log_ratio = log_prob - batch.log_prob
     ratio = jnp.exp(log_ratio)
     advantage = batch.advantage
@@ -346,7 +347,7 @@ def ppo_loss(log_prob, entropy, value, batch: Transition, *, clip_coef, ent_coef
     else:
         value_loss = 0.5 * jnp.square(value - batch.ret).mean()
     entropy = entropy.mean()
-    loss = policy_loss - ent_coef * entropy + vf_coef * value_loss
+    loss = policy_loss - hp.ent_coef * entropy + hp.vf_coef * value_loss
     approx_kl = ((ratio - 1.0) - log_ratio).mean()
     clipfrac = (jnp.abs(ratio - 1.0) > clip_coef).astype(jnp.float32).mean()
     return loss, LossInfo(value_loss, policy_loss, entropy, lax.stop_gradient(approx_kl),
@@ -410,8 +411,7 @@ def make_train(config: Config, live_progress: bool = False):
             batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)
         obs = normalize.normalize(obs_stats, batch.obs) if config.normalize_obs else batch.obs
         pi, value, _ = network.apply(params, obs, hidden, batch.first)
-        return ppo_loss(pi.log_prob(batch.action), pi.entropy(), value, batch,
-                        clip_coef=hp.clip_coef, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef,
+        return ppo_loss(pi.log_prob(batch.action), pi.entropy(), value, batch, hp,
                         norm_adv=config.norm_adv, clip_vloss=config.clip_vloss)
 
     def local_num_envs():
@@ -541,15 +541,13 @@ def make_train(config: Config, live_progress: bool = False):
         # METRICS: one row per update, losses averaged over the minibatches that ran
         ret_sum, len_sum, count = pmean(finished_episode_stats(traj))
         losses = jax.tree.map(lambda x: (x.mean(-1) * ran).sum() / ran.sum(), info)
-        var_ret = jnp.var(data.ret)  # explained variance: NaN for constant returns, as Baselines
         metrics = {
             "global_step": steps_done(update, batch_size, num_updates),
             "episodic_return": ret_sum / count,
             "episodic_length": len_sum / count,
             "learning_rate": learning_rate(hp, update),
             **losses._asdict(),
-            "explained_variance": jnp.where(
-                var_ret > 0, 1.0 - jnp.var(data.ret - data.value) / var_ret, jnp.nan),
+            "explained_variance": distributed.explained_variance(data.ret, data.value),
         }
         if progress is not None:
             progress.report_from_jit(update, num_updates, metrics["global_step"],
@@ -583,6 +581,7 @@ def make_train(config: Config, live_progress: bool = False):
     train.init, train.run_updates, train.learn, train.act = init, run_updates, learn, act
     train.policy, train.next_values = policy, next_values
     train.initial_hidden, train.progress = initial_hidden, progress
+    train.env = env, env_params, spec
     return train
 
 

@@ -128,10 +128,9 @@ def check_learn_ppo():
 
 def check_learn_a2c():
     """One A2C `learn` (advantage normalisation, observation normalisation) from the same
-    state on the same rollout [T, num_envs], its environments split across 1, 2 and 4 devices
-    (`P(None, DATA_AXIS)`): the same parameters as without any device axis."""
-    from algos.a2c import Config, make_train
-    from common.rollout import Trajectory
+    state on the same global batch of samples, the same on every device (`P()`), as PPO's:
+    the same parameters on 1, 2 and 4 devices as without any device axis."""
+    from algos.a2c import Config, Transition, make_train
 
     config = Config(**{k: v for k, v in TINY.items()
                        if k not in ("num_minibatches", "update_epochs")},
@@ -139,37 +138,37 @@ def check_learn_a2c():
     train = make_train(config)
     hp = config.hparams()
     state = with_obs_stats(jax.jit(train.init)(raw_key(0)))
-    shape = (config.num_steps, config.num_envs)
-    traj = Trajectory(**random_steps(rng(1), shape), policy_info=None,
-                      first=np.zeros(shape, bool), episode_return=np.zeros(shape, np.float32),
-                      episode_length=np.zeros(shape, np.int32))
-    want = jax.jit(train.learn)(state, hp, traj)
+    r, n = rng(1), config.batch_size
+    data = Transition(normal(r, (n, 4), 2.0, 1.0), r.integers(0, 2, n, dtype=np.int32),
+                      normal(r, n), normal(r, n, 3.0, 1.0), normal(r, n))
+    update = 3
+    want = jax.jit(train.learn, static_argnums=3)(state, hp, data, update)
     for d in (1, 2, 4):
-        run = data_parallel(lambda s, h, t: per_device(train.learn(s, h, t)),
-                            jax.devices()[:d], (P(), P(), P(None, DATA_AXIS)), P(DATA_AXIS))
-        assert_learned_the_same(d, state.params, run(state, hp, traj), want)
+        run = data_parallel(lambda s, h, b: per_device(train.learn(s, h, b, update)),
+                            jax.devices()[:d], (P(), P(), P()), P(DATA_AXIS))
+        assert_learned_the_same(d, state.params, run(state, hp, data), want)
 
 
 def check_learn_impala():
     """One IMPALA `learn` (2 epochs x 2 minibatches of environments, V-Trace with behaviour
     log-probabilities off the learner's, observation normalisation) from the same state on the
-    same batch [T, num_envs], its environments split across 1, 2 and 4 devices: the same
-    parameters as without any device axis (every minibatch the same set of trajectories)."""
+    same global batch of trajectories [num_envs, T], the same on every device (`P()`): the
+    same parameters on 1, 2 and 4 devices as without any device axis (every minibatch the
+    same set of trajectories)."""
     from algos.impala import Config, Transition, make_train
 
     config = Config(**TINY, normalize_obs=True)
     train = make_train(config)
     hp = config.hparams()
     state = with_obs_stats(jax.jit(train.init)(raw_key(0)))
-    shape = (config.num_steps, config.num_envs)
+    shape = (config.num_envs, config.num_steps)  # environment-major, as learn takes it
     data = Transition(**random_steps(rng(1), shape),
                       behaviour_log_prob=normal(rng(3), shape, 0.3, np.log(0.5)))
-    key = raw_key(2)
-    want = jax.jit(train.learn)(state, hp, data, key)
+    key, update = raw_key(2), 3
+    want = jax.jit(train.learn, static_argnums=4)(state, hp, data, key, update)
     for d in (1, 2, 4):
-        run = data_parallel(lambda s, h, b, k: per_device(train.learn(s, h, b, k)),
-                            jax.devices()[:d], (P(), P(), P(None, DATA_AXIS), P()),
-                            P(DATA_AXIS))
+        run = data_parallel(lambda s, h, b, k: per_device(train.learn(s, h, b, k, update)),
+                            jax.devices()[:d], (P(), P(), P(), P()), P(DATA_AXIS))
         assert_learned_the_same(d, state.params, run(state, hp, data, key), want)
 
 
@@ -218,11 +217,11 @@ def check_learn_ppo_gru():
 
 
 def check_learn_a2c_gru():
-    """Recurrent A2C's `learn` (the GRU recomputed over the rollout from `state.env.hidden`,
-    bootstrapped one step on from the recorded outputs) on a rollout [T, num_envs] whose
-    environments, with their start states, are split across 4 devices."""
-    from algos.a2c import Config, make_train
-    from common.rollout import Trajectory
+    """Recurrent A2C's `learn` (the GRU recomputed over whole sequences [num_envs, T] from
+    their stored start states) on the same global batch on every device: the same parameters
+    on 4 devices as without a device axis; each device recomputes its share of the
+    environments."""
+    from algos.a2c import Config, Transition, make_train
 
     config = Config(**{k: v for k, v in TINY.items()
                        if k not in ("num_minibatches", "update_epochs")},
@@ -230,41 +229,40 @@ def check_learn_a2c_gru():
     train = make_train(config)
     hp = config.hparams()
     state = with_obs_stats(jax.jit(train.init)(raw_key(0)))
-    shape = (config.num_steps, config.num_envs)
-    ends, first, hidden, memory = random_sequences(rng(3), config, shape)
-    traj = Trajectory(**{**random_steps(rng(1), shape), **ends},
-                      policy_info=memory, first=first, episode_return=np.zeros(shape, np.float32),
-                      episode_length=np.zeros(shape, np.int32))
-    learn = lambda s, h, t, hid: train.learn(  # noqa: E731
-        s._replace(env=s.env._replace(hidden=hid)), h, t)
-    want = jax.jit(learn)(state, hp, traj, hidden)
+    shape = (config.num_envs, config.num_steps)  # environment-major, as learn takes it
+    r = rng(1)
+    _, first, hidden, _ = random_sequences(rng(3), config, shape[::-1])
+    data = Transition(normal(r, shape + (4,), 2.0, 1.0), r.integers(0, 2, shape, dtype=np.int32),
+                      normal(r, shape), normal(r, shape, 3.0, 1.0), normal(r, shape), first.T)
+    update = 3
+    want = jax.jit(train.learn, static_argnums=3)(state, hp, data, update, hidden)
     for d in (4,):
-        run = data_parallel(lambda s, h, t, hid: per_device(learn(s, h, t, hid)),
-                            jax.devices()[:d], (P(), P(), P(None, DATA_AXIS), P(DATA_AXIS)),
-                            P(DATA_AXIS))
-        assert_learned_the_same(d, state.params, run(state, hp, traj, hidden), want)
+        run = data_parallel(lambda s, h, b, hid: per_device(train.learn(s, h, b, update, hid)),
+                            jax.devices()[:d], (P(), P(), P(), P()), P(DATA_AXIS))
+        assert_learned_the_same(d, state.params, run(state, hp, data, hidden), want)
 
 
 def check_learn_impala_gru():
     """Recurrent IMPALA's `learn` (permuted minibatches of trajectories, each recomputed from
-    its start state) on a batch [T, num_envs] whose environments and start states are split
-    across 4 devices: the same parameters as without a device axis."""
+    its start state) on the same global batch [num_envs, T] on every device: the same
+    parameters on 4 devices as without a device axis."""
     from algos.impala import Config, Transition, make_train
 
     config = Config(**TINY, **GRU, normalize_obs=True)
     train = make_train(config)
     hp = config.hparams()
     state = with_obs_stats(jax.jit(train.init)(raw_key(0)))
-    shape = (config.num_steps, config.num_envs)
-    ends, first, hidden, _ = random_sequences(rng(3), config, shape)
-    data = Transition(**{**random_steps(rng(1), shape), **ends}, first=first,
+    shape = (config.num_envs, config.num_steps)  # environment-major, as learn takes it
+    ends, first, hidden, _ = random_sequences(rng(3), config, shape[::-1])
+    ends = {k: v.T for k, v in ends.items()}
+    data = Transition(**{**random_steps(rng(1), shape), **ends}, first=first.T,
                       behaviour_log_prob=normal(rng(4), shape, 0.3, np.log(0.5)))
-    key = raw_key(2)
-    want = jax.jit(train.learn)(state, hp, data, key, hidden)
+    key, update = raw_key(2), 3
+    want = jax.jit(train.learn, static_argnums=4)(state, hp, data, key, update, hidden)
     for d in (4,):
-        run = data_parallel(lambda s, h, b, k, hid: per_device(train.learn(s, h, b, k, hid)),
-                            jax.devices()[:d],
-                            (P(), P(), P(None, DATA_AXIS), P(), P(DATA_AXIS)), P(DATA_AXIS))
+        run = data_parallel(
+            lambda s, h, b, k, hid: per_device(train.learn(s, h, b, k, update, hid)),
+            jax.devices()[:d], (P(), P(), P(), P(), P()), P(DATA_AXIS))
         assert_learned_the_same(d, state.params, run(state, hp, data, key, hidden), want)
 
 

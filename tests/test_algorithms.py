@@ -13,6 +13,8 @@ The tiny runs are compiled once per test process (`helpers.tiny_run`).
 
 import dataclasses
 import glob
+import importlib
+import io
 import os
 import subprocess
 import sys
@@ -77,6 +79,57 @@ def test_reward_normalisation_scales_what_is_learned_not_what_is_reported(algo):
     done = np.isfinite(metrics["episodic_return"])
     np.testing.assert_array_equal(metrics["episodic_return"][done],
                                   metrics["episodic_length"][done])
+
+
+OTHER_BRANCHES = {  # each algorithm's own options, beside what all three share
+    "ppo": dict(num_minibatches=2, update_epochs=4, target_kl=1e-4, clip_vloss=False),
+    "a2c": dict(optimizer="adam", norm_adv=True, gae_lambda=0.95),
+    "impala": dict(actor_lag=0, num_minibatches=2, update_epochs=2, optimizer="adam",
+                   kl_coef=0.1, vtrace=False),
+}
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_continuous_actions_normalisation_and_each_algorithms_options_train_end_to_end(algo):
+    """Continuous actions (Pendulum), observation normalisation, a constant learning rate,
+    and the options of `OTHER_BRANCHES` (PPO's KL stop, A2C's Adam and GAE, IMPALA without
+    lag or correction and with the KL penalty), in one compile each; the progress printer
+    reaches 100%."""
+    module = importlib.import_module(f"algos.{algo}")
+    config = module.Config(env_id="Pendulum-v1", total_timesteps=8 * 32 * 3, num_envs=8,
+                           num_steps=32, normalize_obs=True, anneal_lr=False,
+                           **OTHER_BRANCHES[algo])
+    train = module.make_train(config, live_progress=True)
+    train.progress.stream = io.StringIO()
+    state, metrics = jax.jit(train)(jax.random.PRNGKey(0))
+    for name in set(metrics) - set(EPISODIC):
+        assert metrics[name].shape == (3,) and np.isfinite(metrics[name]).all(), name
+    assert float(state.obs_stats.count) == pytest.approx(config.num_updates * config.batch_size,
+                                                         rel=1e-3)
+    np.testing.assert_allclose(metrics["learning_rate"], config.learning_rate)
+    train.progress.close()
+    assert f"[{algo} Pendulum-v1] step {768:>12,}" in train.progress.stream.getvalue()
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_image_observations_use_the_cnn(algo):
+    module = importlib.import_module(f"algos.{algo}")
+    config = module.Config(env_id="Breakout-MinAtar", total_timesteps=4 * 16 * 2, num_envs=4,
+                           num_steps=16, **({"num_minibatches": 2} if algo != "a2c" else {}))
+    state, metrics = jax.jit(module.make_train(config))(jax.random.PRNGKey(0))
+    assert any("Conv" in k for k in state.params["params"])
+    assert np.isfinite(metrics["value_loss"]).all()
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_hparams_are_float32_scalars_of_the_configs_values(algo):
+    module = importlib.import_module(f"algos.{algo}")
+    config = module.Config()
+    hp = config.hparams()
+    assert isinstance(hp, module.HParams)
+    for name, x in hp._asdict().items():
+        assert x.shape == () and x.dtype == jnp.float32, name
+        assert float(x) == pytest.approx(getattr(config, name), rel=1e-6), name
 
 
 def test_metrics_have_one_row_per_update_and_are_finite(tiny):
