@@ -36,7 +36,8 @@ class Command(NamedTuple):
     resumed: tuple[str, dict] | None = None
     """With `--resume`: `(path, record)`, the checkpoint file `checkpoint.resolve(run.resume)`
     and its record as `checkpoint.load` read it. Read once: its config and run options gave
-    the defaults, and `cli.train_and_log` continues its training state."""
+    the defaults, and `cli.train_and_log` continues its training state (taking the
+    `train_state` out of the record as it restores it)."""
 
 
 def parse(algo: str, config_cls, argv=None):
