@@ -55,7 +55,7 @@ from common import distributed, normalize
 from common.distributed import pmean
 from common.envs import EnvSpec, check_env_id, make_env
 from common.gae import gae
-from common.minibatch import flat_optimizer, sgd_scan
+from common.minibatch import sgd_scan
 from common.nn import CORES, Conv, Dense, orthogonal
 from common.rollout import EnvState, finished_episode_stats, reset, rollout, steps_done
 from common.validate import check_fields, require
@@ -374,9 +374,10 @@ def make_train(config: Config, live_progress: bool = False):
         return hp.learning_rate
 
     def make_optimizer(hp: HParams, lr):
-        """Global-norm gradient clipping, then RMSprop (or Adam) with step size `lr`.
-        (`flat_optimizer` runs them on one vector, the same numbers in fewer kernels: faster
-        on CPU. A transformation that looks at the parameters' tree goes outside it.)"""
+        """Global-norm gradient clipping, then RMSprop (or Adam) with step size `lr`, on the
+        parameter tree. (`ppo.py` and `impala.py` wrap theirs in `flat_optimizer`, which pays
+        over many minibatch steps per update; with A2C's one step it cost 3% on CPU,
+        docs/performance.md.)"""
         if config.optimizer == "rmsprop":
             # PyTorch's RMSprop (what SB3 uses): v = alpha v + (1 - alpha) g^2, step
             # lr g / (sqrt(v) + eps) -- eps outside the square root (optax's default puts it
@@ -386,7 +387,7 @@ def make_train(config: Config, live_progress: bool = False):
                                  centered=False)
         else:
             step = optax.adam(lr, eps=hp.opt_eps)
-        return flat_optimizer(optax.chain(optax.clip_by_global_norm(hp.max_grad_norm), step))
+        return optax.chain(optax.clip_by_global_norm(hp.max_grad_norm), step)
 
     def initial_hidden(num_envs: int):
         """The recurrent state of environments before their first step (None: feed-forward)."""
