@@ -127,3 +127,17 @@ def record_progress(monkeypatch, interrupt_after: int | None = None) -> list:
 
     monkeypatch.setattr(logger.Progress, "report", recorded)
     return steps
+
+
+def qr_operand_shapes(jaxpr) -> list:
+    """The operand shapes of every QR decomposition in `jaxpr`, nested programs included (a
+    batched QR, under `vmap`, is the jaxlib 0.10 CPU deadlock's trigger)."""
+    shapes = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in ("qr", "geqrf", "geqp3"):  # not "sqrt"
+            shapes += [v.aval.shape for v in eqn.invars]
+        for param in eqn.params.values():
+            inner = getattr(param, "jaxpr", None)
+            if inner is not None:
+                shapes += qr_operand_shapes(getattr(inner, "jaxpr", inner))
+    return shapes

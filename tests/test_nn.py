@@ -10,22 +10,10 @@ import numpy as np
 import pytest
 
 from common.nn import orthogonal
+from helpers import qr_operand_shapes
 
 
 # ------------------------------------------------------------------ init
-def qr_operand_shapes(jaxpr) -> list:
-    """The operand shapes of every QR decomposition in `jaxpr`, nested programs included."""
-    shapes = []
-    for eqn in jaxpr.eqns:
-        if "qr" in eqn.primitive.name:
-            shapes += [v.aval.shape for v in eqn.invars]
-        for param in eqn.params.values():
-            inner = getattr(param, "jaxpr", None)
-            if inner is not None:
-                shapes += qr_operand_shapes(getattr(inner, "jaxpr", inner))
-    return shapes
-
-
 def test_orthogonal_equals_flax_and_vmaps_sequentially():
     key = jax.random.PRNGKey(3)
     ours = orthogonal(np.sqrt(2))(key, (64, 64))

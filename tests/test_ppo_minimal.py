@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from algos import ppo, ppo_minimal
+from helpers import qr_operand_shapes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE = os.path.join(ROOT, "algos", "ppo_minimal.py")
@@ -125,19 +126,6 @@ def test_same_numbers_as_algos_ppo_where_the_configs_coincide(env_id):
     else:
         assert np.isfinite(ended).all() and (ended < 100).all()  # terminations
     print(f"{env_id}: largest parameter difference {worst:.1e}")
-
-
-def qr_operand_shapes(jaxpr) -> list:
-    """The operand shapes of every QR decomposition in `jaxpr`, nested programs included."""
-    shapes = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name in ("qr", "geqrf", "geqp3"):  # not "sqrt"
-            shapes += [v.aval.shape for v in eqn.invars]
-        for param in eqn.params.values():
-            inner = getattr(param, "jaxpr", None)
-            if inner is not None:
-                shapes += qr_operand_shapes(getattr(inner, "jaxpr", inner))
-    return shapes
 
 
 def test_vmapped_train_never_batches_a_qr():
