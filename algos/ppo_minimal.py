@@ -235,7 +235,7 @@ def gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda):
     return lax.stop_gradient(advantages), lax.stop_gradient(advantages + values)
 
 
-def ppo_loss(log_prob, entropy, value, batch: Transition, *, clip_coef, ent_coef, vf_coef,
+def ppo_loss(log_prob, entropy, value, batch: Transition, hp: HParams, *,
              norm_adv: bool = True, clip_vloss: bool = True):
     r"""The PPO loss of one minibatch (paper eq. 9, as a loss to minimise):
 
@@ -246,11 +246,12 @@ def ppo_loss(log_prob, entropy, value, batch: Transition, *, clip_coef, ent_coef
         L = L^CLIP + vf_coef L^VF - ent_coef mean[H]
 
     `log_prob`, `entropy`, `value`: log pi(a|s), H(pi(.|s)) and V(s) under the parameters being
-    trained, [B]; `batch`: the samples' old log-probabilities and values, advantages, returns.
+    trained, [B]; `batch`: the samples' old log-probabilities and values, advantages, returns;
+    `hp`: eps (`clip_coef`) and the coefficients.
     Returns `(loss, info)`, `info` a dict of scalars: `approx_kl` is the k3 estimate of
     KL(pi_old || pi) (http://joschu.net/blog/kl-approx.html), `clipfrac` the share of |r-1| > eps.
     """
-    log_ratio = log_prob - batch.log_prob
+    clip_coef, log_ratio = hp.clip_coef, log_prob - batch.log_prob
     ratio = jnp.exp(log_ratio)
     advantage = batch.advantage
     if norm_adv:
@@ -263,7 +264,7 @@ def ppo_loss(log_prob, entropy, value, batch: Transition, *, clip_coef, ent_coef
         value_loss = jnp.maximum(value_loss, jnp.square(value_clipped - batch.ret))
     value_loss = 0.5 * value_loss.mean()
     entropy = entropy.mean()
-    loss = policy_loss - ent_coef * entropy + vf_coef * value_loss
+    loss = policy_loss - hp.ent_coef * entropy + hp.vf_coef * value_loss
     approx_kl = ((ratio - 1.0) - log_ratio).mean()
     clipfrac = (jnp.abs(ratio - 1.0) > clip_coef).astype(jnp.float32).mean()
     return loss, {"value_loss": value_loss, "policy_loss": policy_loss, "entropy": entropy,
@@ -320,8 +321,7 @@ def make_train(config: Config):
 
     def loss_fn(params, hp: HParams, batch: Transition):
         pi, value = network.apply(params, batch.obs)
-        return ppo_loss(pi.log_prob(batch.action), pi.entropy(), value, batch,
-                        clip_coef=hp.clip_coef, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef,
+        return ppo_loss(pi.log_prob(batch.action), pi.entropy(), value, batch, hp,
                         norm_adv=config.norm_adv, clip_vloss=config.clip_vloss)
 
     def update_step(state: TrainState, hp: HParams, update):
