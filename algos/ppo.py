@@ -382,10 +382,8 @@ def make_train(config: Config, live_progress: bool = False):
         return hp.learning_rate
 
     def make_optimizer(hp: HParams, lr):
-        """Global-norm gradient clipping, then Adam with step size `lr`. (`flat_optimizer`
-        runs them on one vector, the same numbers in fewer kernels: faster on CPU. A
-        transformation that looks at the parameters' tree, such as `optax.masked`, goes
-        outside it.)"""
+        """Global-norm gradient clipping, then Adam with step size `lr`, on one flat vector
+        (`flat_optimizer`: the same numbers in fewer kernels; `optax.masked` goes outside it)."""
         return flat_optimizer(optax.chain(optax.clip_by_global_norm(hp.max_grad_norm),
                                           optax.adam(lr, eps=hp.opt_eps)))
 
@@ -444,9 +442,7 @@ def make_train(config: Config, live_progress: bool = False):
         """The epochs of minibatch SGD on one global batch `data`, at the learning rate of
         update number `update`. Feed-forward: `data` holds single samples [batch_size] and
         `hidden` is None; recurrent: whole sequences [num_envs, T] and `hidden` [num_envs, H]
-        the recurrent state at each one's start, so that a minibatch is a set of environments, their
-        sequences recomputed from their stored start states.
-
+        their stored start states, from which a minibatch of environments is recomputed.
         Every device shuffles the same batch with the same key; in data-parallel runs each
         computes the gradient of its 1/D share of every minibatch and `pmean` averages them,
         so the result does not depend on the number of devices.

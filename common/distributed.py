@@ -102,9 +102,8 @@ def mean_var(x, axis_name=DATA_AXIS):
 
 
 def explained_variance(target, prediction, axis_name=DATA_AXIS):
-    """1 - Var[target - prediction] / Var[target] over all elements and devices (`mean_var`):
-    1 for a perfect value function, 0 for one no better than a constant. NaN where
-    Var[target] = 0 (as OpenAI Baselines' `explained_variance`), not -inf or a huge number."""
-    (_, var_error), (_, var_target) = mean_var(target - prediction, axis_name), \
-        mean_var(target, axis_name)
+    """1 - Var[target - prediction] / Var[target] over all elements and devices (`mean_var`);
+    NaN where Var[target] = 0, as OpenAI Baselines' `explained_variance` (not -inf)."""
+    _, var_error = mean_var(target - prediction, axis_name)
+    _, var_target = mean_var(target, axis_name)
     return jnp.where(var_target > 0, 1.0 - var_error / var_target, jnp.nan)

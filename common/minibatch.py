@@ -8,12 +8,8 @@ change for speed: each index rides in the low bits of its own sort key, so XLA s
 `uint32` array with its built-in comparison instead of (key, index) pairs with a compiled
 comparator. On CPU that is about 2x faster for PPO's 512-sample batches (it takes two rounds
 where `jax.random.permutation` takes one, and is still faster), where the permutations take
-about 8% of a CartPole run with `jax.random.permutation`. On a TPU the same trick is the
-slower one (PPO, CartPole, 256 vmapped seeds: 2.72M SPS against 3.38M with
-`jax.random.permutation`, docs/performance.md), so `permutation` lowers to
-`packed_sort_permutation` on CPU and to `jax.random.permutation` elsewhere
-(`lax.platform_dependent`: one program, each backend its own branch; the same key gives the
-same permutation on a given backend, not across backends).
+about 8% of a CartPole run with `jax.random.permutation`. On a TPU it is the slower one
+(docs/performance.md), so `permutation` takes each backend's faster (`lax.platform_dependent`).
 """
 
 import math
@@ -27,10 +23,7 @@ from jax import lax
 
 def permutation(key, n: int):
     """A uniformly random permutation of `range(n)`, int32 [n]: `packed_sort_permutation` on
-    CPU, `jax.random.permutation` on other backends (the faster of the two on each, as
-    measured; the module's docstring)."""
-    if n < 1:
-        raise ValueError(f"permutation: n must be positive, got {n}.")
+    CPU, `jax.random.permutation` elsewhere (same key, same result on a given backend)."""
     return lax.platform_dependent(key, cpu=lambda k: packed_sort_permutation(k, n),
                                   default=lambda k: jax.random.permutation(k, n))
 
