@@ -315,3 +315,82 @@ def test_every_algorithm_runs_on_a_velocity_hidden_task(algo):
     assert state.env.obs.shape == (config.num_envs, 2)
     assert np.isfinite(metrics["value_loss"]).all()
     assert np.isfinite(metrics["episodic_return"]).any()
+
+
+def random_learner_batch(algo, config):
+    """A global batch as `update_step` hands it to `learn`: A2C's samples [batch_size],
+    IMPALA's whole trajectories [num_envs, T] (CartPole shapes, random values)."""
+    module = importlib.import_module(f"algos.{algo}")
+    k = jax.random.split(jax.random.PRNGKey(1), 6)
+    if algo == "a2c":
+        n = config.batch_size
+        return module.Transition(jax.random.normal(k[0], (n, 4)),
+                                 jax.random.randint(k[1], (n,), 0, 2), jnp.zeros(n),
+                                 jax.random.normal(k[2], (n,)), jax.random.normal(k[3], (n,)))
+    shape = (config.num_envs, config.num_steps)
+    ends = jax.random.uniform(k[4], shape)
+    return module.Transition(jax.random.normal(k[0], shape + (4,)),
+                             jax.random.randint(k[1], shape, 0, 2),
+                             jax.random.normal(k[2], shape), ends < 0.05,
+                             (ends > 0.05) & (ends < 0.08), jax.random.normal(k[3], shape + (4,)),
+                             jnp.full(shape, jnp.log(0.5)))
+
+
+@pytest.mark.parametrize("algo", ["a2c", "impala"])
+def test_learn_is_minibatch_sgd_with_the_loss_and_plain_optax(algo):
+    """A2C's and IMPALA's `learn` (PPO's: `tests/test_ppo.py`, with its KL stop) give what plain
+    optax on the parameter tree gives when it steps the file's top-level loss over the
+    minibatches of `shuffled_minibatches` (A2C: one epoch of the whole batch, unshuffled;
+    IMPALA: two epochs of two minibatches of whole trajectories), replayed with `lax.scan`."""
+    import optax
+
+    from common.envs import make_env
+    from common.minibatch import shuffled_minibatches
+
+    module = importlib.import_module(f"algos.{algo}")
+    sizes = dict(num_envs=4, num_steps=8, total_timesteps=4 * 8 * 4)
+    if algo == "impala":
+        sizes.update(num_minibatches=2, update_epochs=2, actor_lag=0)
+    config = module.Config(env_id="CartPole-v1", optimizer="adam", anneal_lr=False, **sizes)
+    hp, train = config.hparams(), module.make_train(config)
+    state = jax.jit(train.init)(jax.random.PRNGKey(0))
+    data, key = random_learner_batch(algo, config), jax.random.PRNGKey(2)
+    if algo == "a2c":
+        params = jax.jit(train.learn, static_argnums=3)(state, hp, data, 0)[0]
+    else:
+        params = jax.jit(train.learn, static_argnums=4)(state, hp, data, key, 0)[0]
+
+    network = module.ActorCritic(make_env("CartPole-v1")[2])
+    optimizer = optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
+                            optax.adam(config.learning_rate, eps=config.opt_eps))
+
+    def loss(p, batch):
+        if algo == "a2c":
+            pi, value, _ = network.apply(p, batch.obs)
+            return module.a2c_loss(pi.log_prob(batch.action), pi.entropy(), value, batch, hp)[0]
+        batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)  # time-major
+        pi, v_t, _ = network.apply(p, batch.obs)
+        v_tp1 = network.apply(p, batch.next_obs)[1]
+        return module.impala_loss(pi.log_prob(batch.action), pi.entropy(), v_t, v_tp1, batch,
+                                  hp)[0]
+
+    def reference(p):
+        def step(carry, batch):
+            p, s = carry
+            updates, s = optimizer.update(jax.grad(loss)(p, batch), s, p)
+            return (optax.apply_updates(p, updates), s), None
+
+        s = optimizer.init(p)
+        if algo == "a2c":
+            epochs = [jax.tree.map(lambda x: x[None], data)]
+        else:
+            epochs = [shuffled_minibatches(k, data, config.num_minibatches)
+                      for k in jax.random.split(key, config.update_epochs)]
+        for batches in epochs:
+            (p, s), _ = jax.lax.scan(step, (p, s), batches)
+        return p
+
+    want = jax.jit(reference)(state.params)
+    for g, w in zip(jax.tree.leaves(params), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6)
+    assert not np.allclose(jax.tree.leaves(params)[0], jax.tree.leaves(state.params)[0])
