@@ -239,15 +239,15 @@ class ActorCritic(nn.Module):
         act = nn.tanh if self.activation == "tanh" else nn.relu
         dense = lambda n, scale: Dense(n, kernel_init=orthogonal(scale))  # noqa: E731
         memory = None
+        if not self.cnn:  # vectors, or images flattened into the MLPs
+            obs = obs.reshape(obs.shape[:obs.ndim - len(self.spec.obs_shape)] + (-1,))
         if self.cnn:
             x = nn.relu(Conv(16, (3, 3), kernel_init=orthogonal(np.sqrt(2)))(obs))
             x = nn.relu(dense(128, np.sqrt(2))(x.reshape(x.shape[:-3] + (-1,))))
             actor, critic = x, x
         elif self.core:
-            obs = obs.reshape(obs.shape[:obs.ndim - len(self.spec.obs_shape)] + (-1,))
             x = act(dense(self.hidden_size, np.sqrt(2))(obs))
         else:
-            obs = obs.reshape(obs.shape[:obs.ndim - len(self.spec.obs_shape)] + (-1,))
             actor = act(dense(self.hidden_size, np.sqrt(2))(obs))
             actor = act(dense(self.hidden_size, np.sqrt(2))(actor))
             critic = act(dense(self.hidden_size, np.sqrt(2))(obs))

@@ -14,8 +14,7 @@ al. (2022), "The 37 Implementation Details of PPO" (ICLR blog track), and matchi
   shared small CNN torso for image observations (MinAtar); optionally a GRU or LSTM core
   (`--network gru`, `lstm`) whose state is reset at every episode start and recomputed in the
   update from the state stored at the rollout's start, minibatches splitting environments,
-  never time (truncated backpropagation through time, as in recurrent PPO implementations
-  since OpenAI Baselines' `ppo2` with `nminibatches` over environments);
+  never time (truncated backpropagation through time, as OpenAI Baselines' `ppo2`);
 - a time-limit truncation bootstraps from the final observation instead of being treated as
   a terminal state (Pardo et al. 2018, arXiv:1712.00378) -- see `common/gae.py`;
 - optional early stop of an update's epochs when the approximate KL exceeds `target_kl`.
@@ -230,15 +229,15 @@ class ActorCritic(nn.Module):
         act = nn.tanh if self.activation == "tanh" else nn.relu
         dense = lambda n, scale: Dense(n, kernel_init=orthogonal(scale))  # noqa: E731
         memory = None
+        if not self.cnn:  # vectors, or images flattened into the MLPs
+            obs = obs.reshape(obs.shape[:obs.ndim - len(self.spec.obs_shape)] + (-1,))
         if self.cnn:
             x = nn.relu(Conv(16, (3, 3), kernel_init=orthogonal(np.sqrt(2)))(obs))
             x = nn.relu(dense(128, np.sqrt(2))(x.reshape(x.shape[:-3] + (-1,))))
             actor, critic = x, x
         elif self.core:
-            obs = obs.reshape(obs.shape[:obs.ndim - len(self.spec.obs_shape)] + (-1,))
             x = act(dense(self.hidden_size, np.sqrt(2))(obs))
         else:
-            obs = obs.reshape(obs.shape[:obs.ndim - len(self.spec.obs_shape)] + (-1,))
             actor = act(dense(self.hidden_size, np.sqrt(2))(obs))
             actor = act(dense(self.hidden_size, np.sqrt(2))(actor))
             critic = act(dense(self.hidden_size, np.sqrt(2))(obs))
@@ -331,8 +330,7 @@ def ppo_loss(log_prob, entropy, value, batch: Transition, hp: "HParams", *,
       `(loss, LossInfo)`, scalars; `approx_kl` is Schulman's k3 estimator of KL(pi_old || pi)
       (http://joschu.net/blog/kl-approx.html), `clipfrac` the fraction of |r - 1| > eps.
     """
-    clip_coef = hp.clip_coef
-    log_ratio = log_prob - batch.log_prob
+    clip_coef, log_ratio = hp.clip_coef, log_prob - batch.log_prob
     ratio = jnp.exp(log_ratio)
     advantage = batch.advantage
     if norm_adv:
@@ -443,9 +441,8 @@ def make_train(config: Config, live_progress: bool = False):
         update number `update`. Feed-forward: `data` holds single samples [batch_size] and
         `hidden` is None; recurrent: whole sequences [num_envs, T] and `hidden` [num_envs, H]
         their stored start states, from which a minibatch of environments is recomputed.
-        Every device shuffles the same batch with the same key; in data-parallel runs each
-        computes the gradient of its 1/D share of every minibatch and `pmean` averages them,
-        so the result does not depend on the number of devices.
+        Data-parallel: each device takes the gradient of its share of every minibatch, and
+        `pmean` averages them (`common/distributed.py`).
         Returns `(params, opt_state, info, ran)`: `info` per epoch and minibatch, `ran` 1.0 for
         the epochs that ran (0.0 after a KL early stop).
         """

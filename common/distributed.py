@@ -7,13 +7,11 @@ gradients and statistics are averaged over it; anywhere else (plain `jit`, `vmap
 and `axis_index()` is 0.
 
 Data-parallel training keeps one invariant: every device holds the same parameters, optimiser
-state, observation statistics and PRNG key, and only its environments (and the keys that
-step them, `fold_in_device`) differ. Each update all-gathers the rollout (`all_gather`), so
-every device shuffles the same global batch with the same key into the same minibatches, and
-each device computes the gradient of its own 1/D share of each minibatch (`device_share`); the
-mean of those gradients (`pmean`) is the gradient of the whole minibatch. The minibatches
-therefore do not depend on the number of devices, and one update from the same state on the
-same global batch gives the same parameters on 1, 2 or 4 devices, to float rounding
+state, observation statistics and PRNG key; only its environments (and their keys,
+`fold_in_device`) differ. Each update all-gathers the rollout (`all_gather`), every device
+shuffles that global batch with the same key, and each takes the gradient of its 1/D share of
+each minibatch (`device_share`); their mean (`pmean`) is the minibatch's gradient. So one
+update gives the same parameters on 1, 2 or 4 devices, to float rounding
 (`tests/test_scaling.py`).
 
 `common/parallel.py` wraps a `train` function for either layout from Python (the command

@@ -2,14 +2,11 @@
 and `flat_optimizer`, an optax optimiser run on one flat vector (the same numbers, fewer
 kernels on CPU).
 
-`permutation` draws the shuffle the way `jax.random.permutation` does (sort the indices by
-random 32-bit keys, in enough rounds that equal keys leave no measurable bias), with one
-change for speed: each index rides in the low bits of its own sort key, so XLA sorts a single
-`uint32` array with its built-in comparison instead of (key, index) pairs with a compiled
-comparator. On CPU that is about 2x faster for PPO's 512-sample batches (it takes two rounds
-where `jax.random.permutation` takes one, and is still faster), where the permutations take
-about 8% of a CartPole run with `jax.random.permutation`. On a TPU it is the slower one
-(docs/performance.md), so `permutation` takes each backend's faster (`lax.platform_dependent`).
+`packed_sort_permutation` shuffles as `jax.random.permutation` does (sorts by random keys, in
+enough rounds), but with each index in the low bits of its own key, so XLA sorts one `uint32`
+array instead of (key, index) pairs with a compiled comparator: about 2x faster on CPU for
+PPO's 512-sample batches (the shuffle was 8% of a CartPole run), slower on a TPU
+(docs/performance.md). `permutation` takes each backend's faster (`lax.platform_dependent`).
 """
 
 import math
@@ -22,8 +19,7 @@ from jax import lax
 
 
 def permutation(key, n: int):
-    """A uniformly random permutation of `range(n)`, int32 [n]: `packed_sort_permutation` on
-    CPU, `jax.random.permutation` elsewhere (same key, same result on a given backend)."""
+    """A uniform permutation of `range(n)`, int32 [n]: the packed sort on CPU, else jax's."""
     return lax.platform_dependent(key, cpu=lambda k: packed_sort_permutation(k, n),
                                   default=lambda k: jax.random.permutation(k, n))
 
@@ -31,12 +27,10 @@ def permutation(key, n: int):
 def packed_sort_permutation(key, n: int):
     """A uniformly random permutation of `range(n)`, int32 [n], sorting one `uint32` array.
 
-    Round r sorts the current order by `(random bits << index_bits) | position`: positions are
-    distinct, so the sort is a permutation, and it is uniform except among positions whose
-    `32 - index_bits` random bits collide, which keep their previous relative order. As in
-    `jax.random.permutation`, there are enough rounds to give each position at least
-    `3 * log2(n)` random bits in all, so two positions collide in every round with probability
-    at most `n ** -3`.
+    Round r sorts the current order by `(random bits << index_bits) | position`: a permutation,
+    uniform except among positions whose `32 - index_bits` random bits collide (they keep their
+    order). As in `jax.random.permutation`, the rounds give each position `3 * log2(n)` random
+    bits in all, so two collide in every round with probability at most `n ** -3`.
     """
     if n < 1:
         raise ValueError(f"permutation: n must be positive, got {n}.")
