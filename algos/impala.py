@@ -84,6 +84,11 @@ class Config:
     """Parallel environments per run: trajectories per batch (paper: batch size 32)."""
     num_steps: int = 20
     """Steps per environment per batch: the unroll length (paper, Atari: 20)."""
+    fresh_starts: float | None = None
+    """Fresh random starts drawn per rollout for the episodes that end in it, as a fraction of
+    its num_envs x num_steps transitions (each used once; `common/rollout.py`): 1/16 serves
+    episodes of 16 steps and longer on average. 1: every environment draws one at every step.
+    None: 1 for gymnax, 1/16 for Brax, whose resets cost a physics initialisation."""
     normalize_obs: bool = False
     """Normalise observations with running mean and variance (`common/normalize.py`)."""
     normalize_reward: bool = False
@@ -159,6 +164,7 @@ class Config:
         require(self, "nonnegative_int", "actor_lag")
         require(self, "positive", "learning_rate", "max_grad_norm", "opt_eps", "rho_bar",
                 "c_bar", "pg_rho_bar")
+        require(self, "fraction", "fresh_starts")
         require(self, "unit", "gamma", "vtrace_lambda")
         require(self, "unit_open", "rms_decay")
         require(self, "nonnegative", "ent_coef", "vf_coef", "kl_coef")
@@ -542,7 +548,7 @@ def make_train(config: Config, live_progress: bool = False):
 
         env_state, traj = rollout(env, env_params, spec,
                                   policy(behaviour_params, state.obs_stats), state.env,
-                                  key_rollout, config.num_steps)
+                                  key_rollout, config.num_steps, config.fresh_starts)
 
         # REWARD SCALE (optional): divide by the running std of the discounted return
         reward_stats = state.reward_stats
@@ -574,11 +580,12 @@ def make_train(config: Config, live_progress: bool = False):
                                          axis_name=None)
 
         # METRICS: one row per update, losses averaged over the minibatches
-        ret_sum, len_sum, count = pmean(finished_episode_stats(traj))
+        ret_sum, len_sum, repeated_sum, count = pmean(finished_episode_stats(traj))
         metrics = {
             "global_step": steps_done(update, batch_size, num_updates),
             "episodic_return": ret_sum / count,
             "episodic_length": len_sum / count,
+            "repeated_starts": repeated_sum / count,
             "learning_rate": learning_rate(hp, update),
             **jax.tree.map(lambda x: x.mean(), info)._asdict(),
         }

@@ -68,6 +68,11 @@ class Config:
     """Parallel environments per run."""
     num_steps: int = 128
     """Steps per environment per rollout."""
+    fresh_starts: float | None = None
+    """Fresh random starts drawn per rollout for the episodes that end in it, as a fraction of
+    its num_envs x num_steps transitions (each used once; `common/rollout.py`): 1/16 serves
+    episodes of 16 steps and longer on average. 1: every environment draws one at every step.
+    None: 1 for gymnax, 1/16 for Brax, whose resets cost a physics initialisation."""
     normalize_obs: bool = False
     """Normalise observations with running mean and variance (`common/normalize.py`)."""
     normalize_reward: bool = False
@@ -126,6 +131,7 @@ class Config:
         require(self, "positive_int", "total_timesteps", "num_envs", "num_steps",
                 "num_minibatches", "update_epochs", "hidden_size")
         require(self, "positive", "learning_rate", "opt_eps", "max_grad_norm", "clip_coef")
+        require(self, "fraction", "fresh_starts")
         require(self, "unit", "gamma", "gae_lambda")
         require(self, "nonnegative", "ent_coef", "vf_coef")
         optional_positive(self, "target_kl")
@@ -494,7 +500,8 @@ def make_train(config: Config, live_progress: bool = False):
 
         # COLLECT TRAJECTORIES with the current policy
         env_state, traj = rollout(env, env_params, spec, policy(state.params, state.obs_stats),
-                                  state.env, key_rollout, config.num_steps)
+                                  state.env, key_rollout, config.num_steps,
+                                  config.fresh_starts)
 
         # REWARD SCALE (optional): divide by the running std of the discounted return
         reward_stats = state.reward_stats
@@ -532,12 +539,13 @@ def make_train(config: Config, live_progress: bool = False):
                                          axis_name=None)
 
         # METRICS: one row per update, losses averaged over the minibatches that ran
-        ret_sum, len_sum, count = pmean(finished_episode_stats(traj))
+        ret_sum, len_sum, repeated_sum, count = pmean(finished_episode_stats(traj))
         losses = jax.tree.map(lambda x: (x.mean(-1) * ran).sum() / ran.sum(), info)
         metrics = {
             "global_step": steps_done(update, batch_size, num_updates),
             "episodic_return": ret_sum / count,
             "episodic_length": len_sum / count,
+            "repeated_starts": repeated_sum / count,
             "learning_rate": learning_rate(hp, update),
             **losses._asdict(),
             "explained_variance": distributed.explained_variance(data.ret, data.value),

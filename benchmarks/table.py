@@ -85,7 +85,7 @@ def random_return(env_id: str, num_envs: int = 64, num_steps: int = 4000) -> flo
     def run(key):
         state = reset(env, env_params, key, num_envs)
         _, traj = rollout(env, env_params, spec, policy, state, key, num_steps)
-        ret_sum, _, count = finished_episode_stats(traj)
+        ret_sum, _, _, count = finished_episode_stats(traj)
         return ret_sum / count
 
     return float(run(jax.random.PRNGKey(0)))

@@ -8,10 +8,11 @@ none of Brax's wrappers, in `BraxEnv`, which gives it what every gymnax environm
   state, no bootstrap; `truncated` is the time limit, `params.max_steps_in_episode` steps
   (1000, Brax's default episode length): bootstrap from the state reached;
 - `info["final_observation"]` is the observation the step reached, before any reset;
-- a finished episode restarts from a fresh random start state, drawn with that step's key.
-  (Brax's `AutoResetWrapper` restarts every episode of an environment from the state of its
-  first reset; `EpisodeWrapper` folds the time limit into `done` and reports it in
-  `info["truncation"]`. Neither is used.)
+- a finished episode restarts from a fresh random start state, drawn with that step's key
+  (`step`), or from the rollout's pool of fresh starts (`step_env` and `is_truncated`, which
+  step without resetting; `common/rollout.py`). Brax's `AutoResetWrapper` restarts every
+  episode of an environment from the state of its first reset; `EpisodeWrapper` folds the
+  time limit into `done` and reports it in `info["truncation"]`. Neither is used.
 
 Brax is an optional extra, imported only when a `brax/...` environment is made
 (`pip install -e ".[brax]"`). Its physics pipeline is `--brax-backend`; the default,
@@ -45,6 +46,10 @@ class BraxState(NamedTuple):
 class BraxEnv:
     """A Brax environment with gymnax's methods (see the module docstring)."""
 
+    fresh_starts = 1 / 16
+    """The rollout's default pool of fresh starts, per transition (`common/rollout.py`): a
+    reset runs the physics' initialisation, dearer than gymnax's few random numbers."""
+
     def __init__(self, name: str, backend: str):
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # notes on optional imports and on maintenance
@@ -63,20 +68,27 @@ class BraxEnv:
         state = self.env.reset(key)
         return state.obs, BraxState(state, jnp.zeros((), jnp.int32))
 
+    def step_env(self, key, state: BraxState, action, params=None):
+        """One physics step, no reset: `(obs, state, reward, terminated, info)`."""
+        reached = self.env.step(state.brax, action)
+        terminated = jnp.asarray(reached.done) > 0  # some environments give Python floats
+        return (reached.obs, BraxState(reached, state.time + 1),
+                jnp.asarray(reached.reward, jnp.float32), terminated, {})
+
+    def is_truncated(self, state: BraxState, params=None):
+        params = self.default_params if params is None else params
+        return state.time >= params.max_steps_in_episode
+
     def step(self, key, state: BraxState, action, params=None):
         params = self.default_params if params is None else params
-        reached = self.env.step(state.brax, action)
-        time = state.time + 1
-        terminated = jnp.asarray(reached.done) > 0  # some environments give Python floats
-        truncated = jnp.logical_and(time >= params.max_steps_in_episode, ~terminated)
+        obs, state, reward, terminated, _ = self.step_env(key, state, action, params)
+        truncated = jnp.logical_and(self.is_truncated(state, params), ~terminated)
         done = jnp.logical_or(terminated, truncated)
         reset_obs, reset_state = self.reset(key, params)
-        state = jax.tree.map(lambda fresh, kept: jnp.where(done, fresh, kept), reset_state,
-                             BraxState(reached, time))
-        obs = jnp.where(done, reset_obs, reached.obs)
-        reward = jnp.asarray(reached.reward, jnp.float32)
-        return (obs, state, reward, terminated, truncated,
-                {"final_observation": reached.obs})
+        reached_obs = obs
+        state = jax.tree.map(lambda fresh, kept: jnp.where(done, fresh, kept), reset_state, state)
+        obs = jnp.where(done, reset_obs, obs)
+        return obs, state, reward, terminated, truncated, {"final_observation": reached_obs}
 
     @functools.cached_property
     def observation_size(self) -> int:

@@ -86,6 +86,10 @@ class MaskedObservation:
         info = {**info, "final_observation": info["final_observation"][..., self.keep]}
         return obs[..., self.keep], state, reward, terminated, truncated, info
 
+    def step_env(self, key, state, action, params):  # without the automatic reset
+        obs, state, reward, terminated, info = self.env.step_env(key, state, action, params)
+        return obs[..., self.keep], state, reward, terminated, info
+
     def observation_space(self, params):
         space = self.env.observation_space(params)
         low = jnp.broadcast_to(space.low, space.shape)[self.keep]

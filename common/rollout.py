@@ -9,8 +9,21 @@ advantage functions (`common/gae.py`, `common/vtrace.py`) can treat time limits 
 A recurrent policy's state rides in the same carry (`EnvState.hidden`, one per environment):
 the policy gets it with a flag `first` that marks the first observation of an episode, and
 resets it there itself, so a state never leaks across an automatic reset.
+
+Fresh starts from a pool (`fresh_starts` < 1): an automatic reset draws a fresh random start
+for every environment at every step and keeps it where an episode ended. Where a reset costs
+as much as a physics step (Brax, MJX), most of that work is thrown away. With a pool, the
+rollout draws P = `fresh_starts` x num_envs x num_steps fresh starts at once (one batched
+`env.reset`), steps the environments without resetting them (`env.step_env`,
+`env.is_truncated`), and hands the k-th episode that ends to the pool's next unused start.
+The starts are independent draws from `env.reset`'s distribution and each begins one episode,
+so every episode still starts afresh (Brax's `AutoResetWrapper` restarts each environment
+from its first state). Should more episodes end in one rollout than the pool holds (episodes
+shorter than 1 / `fresh_starts` steps on average), the later ones reuse its starts, marked in
+`Trajectory.repeated_start` (the `repeated_starts` metric).
 """
 
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -62,6 +75,16 @@ class Trajectory(NamedTuple):
     """Return of the episode that ended at step t; meaningful only where it ended."""
     episode_length: jax.Array
     """Length of the episode that ended at step t; meaningful only where it ended."""
+    repeated_start: jax.Array
+    """bool: the episode that ended at step t was followed by a start the rollout's pool had
+    already given out (it ran out); always False without a pool."""
+
+
+class StartPool(NamedTuple):
+    """Fresh start states drawn with `env.reset`, leading axis [P]."""
+
+    obs: jax.Array
+    env_state: Any
 
 
 def reset(env, env_params, key, num_envs: int, hidden=None) -> EnvState:
@@ -74,8 +97,50 @@ def reset(env, env_params, key, num_envs: int, hidden=None) -> EnvState:
                     zeros, hidden)
 
 
+def start_pool_size(env, fresh_starts: float | None, num_envs: int, num_steps: int) -> int:
+    """P, the pool of `rollout`: `fresh_starts` (a fraction of the rollout's transitions in
+    (0, 1]; None: the environment's `fresh_starts` attribute, else 1) times num_envs x
+    num_steps, rounded up; 0 where that is every transition (a reset at every step)."""
+    if fresh_starts is None:
+        fresh_starts = getattr(env, "fresh_starts", 1.0)
+    size = math.ceil(fresh_starts * num_envs * num_steps)
+    return 0 if size >= num_envs * num_steps else size
+
+
+def draw_start_pool(env, env_params, key, size: int) -> StartPool:
+    """`size` fresh starts of `env`, from independent keys (one batched `env.reset`)."""
+    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(key, size),
+                                                            env_params)
+    return StartPool(obs.astype(jnp.float32), env_state)
+
+
+def restart_from_pool(done, obs, env_state, pool: StartPool, used):
+    """Restart the environments where `done` from the pool's next unused starts.
+
+    The k-th environment (in index order, k = 0, 1, ...) with `done` takes pool entry
+    `(used + k) mod P`; the others keep `obs` and `env_state`.
+
+    Args:
+      done: [N] bool, the episodes that ended at this step.
+      obs, env_state: [N, ...], what the step reached.
+      pool: the rollout's `StartPool`, [P, ...].
+      used: int32 scalar, the entries given out so far in this rollout.
+
+    Returns:
+      `(obs, env_state, used, repeated)`: `repeated` [N] bool marks the restarts that took an
+      entry given out before (`used + k >= P`).
+    """
+    size = pool.obs.shape[0]
+    rank = jnp.cumsum(done, dtype=jnp.int32) - 1  # k for each done environment
+    slot = used + rank
+    take = lambda fresh, kept: jnp.where(  # noqa: E731
+        done.reshape(done.shape + (1,) * (kept.ndim - 1)), fresh[slot % size], kept)
+    return (take(pool.obs, obs), jax.tree.map(take, pool.env_state, env_state),
+            used + jnp.sum(done, dtype=jnp.int32), done & (slot >= size))
+
+
 def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, key,
-            num_steps: int):
+            num_steps: int, fresh_starts: float | None = None):
     """Act `num_steps` times in every environment.
 
     Args:
@@ -88,24 +153,43 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
       state: the `EnvState` to continue from.
       key: PRNG key for action sampling and environment steps.
       num_steps: T, the rollout length (static).
+      fresh_starts: the pool of fresh starts for the episodes that end (module docstring), as
+        a fraction of the rollout's num_envs x num_steps transitions, in (0, 1]; 1: `env.step`'s
+        own reset of every environment at every step; None: the environment's default
+        (`start_pool_size`).
 
     Returns:
       `(state, trajectory)`: the `EnvState` after T steps and a time-major `Trajectory`.
     """
     num_envs = state.obs.shape[0]
     action_shape = env.action_space(env_params).shape
-    step_env = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+    start_pool = start_pool_size(env, fresh_starts, num_envs, num_steps)
+    step_env = jax.vmap(env.step_env if start_pool else env.step, in_axes=(0, 0, 0, None))
+    if start_pool:
+        key, key_pool = jax.random.split(key)
+        pool = draw_start_pool(env, env_params, key_pool, start_pool)
 
-    def one_step(state: EnvState, key):
+    def one_step(carry, key):
+        state, used = carry
         key_act, key_env = jax.random.split(key)
         first = state.episode_length == 0
         action, policy_info, hidden = policy(key_act, state.obs, first, state.hidden)
         env_action = to_env_action(action, spec, action_shape)
-        obs, env_state, reward, terminated, truncated, info = step_env(
-            jax.random.split(key_env, num_envs), state.env_state, env_action, env_params)
+        keys = jax.random.split(key_env, num_envs)
+        if start_pool:  # step without resetting, then restart the finished from the pool
+            obs, env_state, reward, terminated, info = step_env(keys, state.env_state,
+                                                                env_action, env_params)
+            truncated = jax.vmap(env.is_truncated, in_axes=(0, None))(env_state, env_params)
+            info = {**info, "final_observation": obs}
+        else:  # gymnax's step: a fresh reset of every environment, kept where one ended
+            obs, env_state, reward, terminated, truncated, info = step_env(
+                keys, state.env_state, env_action, env_params)
         terminated = terminated.astype(bool)
         truncated = jnp.logical_and(truncated.astype(bool), ~terminated)
         done = jnp.logical_or(terminated, truncated)
+        repeated = jnp.zeros_like(done)
+        if start_pool:
+            obs, env_state, used, repeated = restart_from_pool(done, obs, env_state, pool, used)
         reward = reward.astype(jnp.float32)
         episode_return = state.episode_return + reward
         episode_length = state.episode_length + 1
@@ -113,26 +197,30 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
             obs=state.obs, first=first, action=action, reward=reward, terminated=terminated,
             truncated=truncated, next_obs=info["final_observation"].astype(jnp.float32),
             policy_info=policy_info, episode_return=episode_return,
-            episode_length=episode_length)
+            episode_length=episode_length, repeated_start=repeated)
         state = EnvState(env_state, obs.astype(jnp.float32),
                          jnp.where(done, 0.0, episode_return), jnp.where(done, 0, episode_length),
                          state.discounted_return, hidden)
-        return state, transition
+        return (state, used), transition
 
     # = lax.scan(one_step, ...), with the carry and the transitions packed (speed on CPU only)
-    return packed_scan(one_step, state, jax.random.split(key, num_steps))
+    (state, _), trajectory = packed_scan(one_step, (state, jnp.int32(0)),
+                                         jax.random.split(key, num_steps))
+    return state, trajectory
 
 
 def finished_episode_stats(trajectory: Trajectory):
-    """Sum and count of the episodes that finished in `trajectory`.
+    """Sums and count of the episodes that finished in `trajectory`.
 
-    Returns `(return_sum, length_sum, count)` as scalars; divide the sums by `count` for the
-    means (NaN when no episode finished). Sums rather than means so that several devices can
-    add theirs before dividing.
+    Returns `(return_sum, length_sum, repeated_sum, count)` as scalars (`repeated_sum`: the
+    episodes followed by a repeated pool start); divide the sums by `count` for the means (NaN
+    when no episode finished). Sums rather than means so that several devices can add theirs
+    before dividing.
     """
     done = jnp.logical_or(trajectory.terminated, trajectory.truncated)
     return (jnp.sum(jnp.where(done, trajectory.episode_return, 0.0)),
             jnp.sum(jnp.where(done, trajectory.episode_length, 0)).astype(jnp.float32),
+            jnp.sum(trajectory.repeated_start).astype(jnp.float32),
             jnp.sum(done).astype(jnp.float32))
 
 

@@ -34,6 +34,8 @@ RULES = {
     "unit": (lambda v: _real(v) and 0.0 <= v <= 1.0, "must be in [0, 1]"),
     "unit_open": (lambda v: _real(v) and 0.0 <= v and float(np.float32(v)) < 1.0,
                   "must be in [0, 1)"),
+    "fraction": (lambda v: v is None or (_real(v) and 0.0 < v <= 1.0),
+                 "must be in (0, 1] (or None)"),
 }
 """rule name -> (test, what the value must be)."""
 

@@ -30,11 +30,12 @@ from common.host.logger import final_return, seed_keys
 from helpers import ALGOS, OPTIMISED, stacked, tiny_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COMMON = {"global_step", "episodic_return", "episodic_length", "learning_rate", "value_loss",
-          "policy_loss", "entropy", "explained_variance"}
+COMMON = {"global_step", "episodic_return", "episodic_length", "repeated_starts",
+          "learning_rate", "value_loss", "policy_loss", "entropy", "explained_variance"}
 METRICS = {"ppo": COMMON | {"approx_kl", "clipfrac"}, "a2c": COMMON,
            "impala": COMMON | {"approx_kl", "mean_clipped_rho", "rho_clip_fraction"}}
-EPISODIC = ("episodic_return", "episodic_length")  # NaN for an update where no episode ended
+# NaN for an update where no episode ended
+EPISODIC = ("episodic_return", "episodic_length", "repeated_starts")
 
 SWEEP = {  # the second run of a two-run sweep; the first keeps the config's values
     "ppo": dict(learning_rate=1e-3, ent_coef=0.05, clip_coef=0.1),

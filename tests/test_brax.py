@@ -31,8 +31,13 @@ BACKEND = "spring"
 LIMIT, STEPS, ENVS = 20, 64, 4
 
 
+FRESH_STARTS = [1.0, 0.25]
+"""A reset of every environment at every step, and a pool of fresh starts for a quarter of
+the transitions (`common/rollout.py`; 64 starts, for the 20-odd episodes that end)."""
+
+
 @functools.cache
-def pendulum_rollout():
+def pendulum_rollout(fresh_starts):
     """64 steps of 4 inverted pendulums with a 20-step time limit: environments 0 and 1 push
     the cart hard (the pole falls: terminations), 2 and 3 do nothing (the pole stays up for
     the whole episode: truncations)."""
@@ -45,13 +50,15 @@ def pendulum_rollout():
 
     def run(key):
         state = reset(env, params, key, ENVS)
-        return rollout(env, params, spec, policy, state, key, STEPS)
+        return rollout(env, params, spec, policy, state, key, STEPS, fresh_starts)
 
     return jax.tree.map(np.asarray, jax.jit(run)(jax.random.PRNGKey(0))[1])
 
 
-def test_a_time_limit_is_a_truncation_and_a_fall_a_termination_with_the_final_observation():
-    traj = pendulum_rollout()
+@pytest.mark.parametrize("fresh_starts", FRESH_STARTS)
+def test_a_time_limit_is_a_truncation_and_a_fall_a_termination_with_the_final_observation(
+        fresh_starts):
+    traj = pendulum_rollout(fresh_starts)
     t = np.arange(STEPS)
     for e in (2, 3):  # upright for the whole episode: every 20th step truncates
         np.testing.assert_array_equal(traj.truncated[:, e], (t + 1) % LIMIT == 0)
@@ -69,8 +76,9 @@ def test_a_time_limit_is_a_truncation_and_a_fall_a_termination_with_the_final_ob
     np.testing.assert_allclose(traj.episode_return[done], traj.episode_length[done])  # 1 a step
 
 
-def test_gae_bootstraps_a_truncated_brax_step_and_not_a_terminated_one():
-    traj = pendulum_rollout()
+@pytest.mark.parametrize("fresh_starts", FRESH_STARTS)
+def test_gae_bootstraps_a_truncated_brax_step_and_not_a_terminated_one(fresh_starts):
+    traj = pendulum_rollout(fresh_starts)
     value = lambda obs: 1.0 + obs[..., 0] + 2.0 * obs[..., 1]  # noqa: E731  (any function)
     gamma = 0.9
     adv, _ = gae(traj.reward, value(traj.obs), value(traj.next_obs), traj.terminated,
@@ -82,15 +90,16 @@ def test_gae_bootstraps_a_truncated_brax_step_and_not_a_terminated_one():
     assert traj.truncated.any() and traj.terminated.any()
 
 
-def test_every_episode_starts_from_a_fresh_random_state():
+@pytest.mark.parametrize("fresh_starts", FRESH_STARTS)
+def test_every_episode_starts_from_a_fresh_random_state(fresh_starts):
     """Brax's AutoResetWrapper would restart each environment from its first start state."""
-    traj = pendulum_rollout()
+    traj = pendulum_rollout(fresh_starts)
     for e in range(ENVS):
         starts = traj.obs[traj.first[:, e], e]
         assert len(starts) >= 3
-        assert len({tuple(s) for s in np.round(starts, 6)}) == len(starts), (e, starts)
-    firsts = traj.obs[0]
-    assert len({tuple(s) for s in np.round(firsts, 6)}) == ENVS
+    starts = traj.obs[traj.first]  # across environments too
+    assert len({tuple(s) for s in np.round(starts, 6)}) == len(starts), starts
+    assert not traj.repeated_start.any()
 
 
 @pytest.mark.parametrize("algo", ["a2c", "impala"])
@@ -109,7 +118,7 @@ def test_each_algorithm_trains_on_a_brax_environment(algo):
 def trained(metrics: dict, reward_count):
     """The losses finite, episodes ended and counted, the rewards normalised."""
     for name, value in metrics.items():
-        if name not in ("episodic_return", "episodic_length"):
+        if name not in ("episodic_return", "episodic_length", "repeated_starts"):
             assert np.isfinite(value).all(), name
     assert np.isfinite(metrics["episodic_return"]).any()  # episodes ended and were counted
     assert float(np.min(reward_count)) > 100  # rewards were normalised

@@ -114,8 +114,9 @@ def test_same_numbers_as_algos_ppo_where_the_configs_coincide(env_id):
     np.testing.assert_array_equal(mini.obs, full.env.obs)
     np.testing.assert_allclose(mini.episode_return, full.env.episode_return, rtol=1e-6)
     np.testing.assert_array_equal(mini.episode_length, full.env.episode_length)
-    assert set(mini_metrics) == set(full_metrics)
-    for name in full_metrics:
+    # the one metric it lacks: starts from a pool, which it does not have (a reset every step)
+    assert set(mini_metrics) == set(full_metrics) - {"repeated_starts"}
+    for name in mini_metrics:
         np.testing.assert_allclose(mini_metrics[name], full_metrics[name], rtol=1e-5, atol=1e-6,
                                    err_msg=name)
         diff = np.abs(np.asarray(mini_metrics[name], float) - np.asarray(full_metrics[name]))

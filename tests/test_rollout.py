@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from common.envs import make_env
-from common.rollout import finished_episode_stats, reset, rollout
+from common.rollout import (StartPool, finished_episode_stats, reset, restart_from_pool, rollout,
+                            start_pool_size)
 
 
 def test_rollout_keeps_truncation_apart_and_records_final_observation():
@@ -31,8 +32,9 @@ def test_rollout_keeps_truncation_apart_and_records_final_observation():
         if t not in done_steps:
             np.testing.assert_array_equal(traj.next_obs[t], traj.obs[t + 1])
     np.testing.assert_allclose(traj.episode_return[4], 5.0)
-    ret_sum, len_sum, count = finished_episode_stats(traj)
+    ret_sum, len_sum, repeated_sum, count = finished_episode_stats(traj)
     assert (float(ret_sum), float(len_sum), float(count)) == (30.0, 30.0, 6.0)
+    assert float(repeated_sum) == 0.0 and not traj.repeated_start.any()  # no pool: none
 
 
 def test_rollout_final_observation_is_the_true_next_state():
@@ -59,3 +61,124 @@ def test_rollout_terminates_without_truncation_flag():
     assert traj.terminated.any()  # always pushing left drops the pole within ~10 steps
     assert not (traj.terminated & traj.truncated).any()
     assert not traj.truncated.any()
+
+
+# --- fresh starts from a pool ----------------------------------------------------------------
+def restart_reference(done, obs, pool_obs, used):
+    """NumPy: the k-th finished environment, in index order, takes pool entry (used + k) % P."""
+    obs, repeated, k = obs.copy(), np.zeros(len(done), bool), 0
+    for i in np.flatnonzero(done):
+        obs[i] = pool_obs[(used + k) % len(pool_obs)]
+        repeated[i] = used + k >= len(pool_obs)
+        k += 1
+    return obs, used + k, repeated
+
+
+def test_restart_from_pool_hands_out_each_start_once_in_order_and_marks_reuse():
+    rng = np.random.default_rng(0)
+    pool_obs = rng.normal(size=(5, 3)).astype(np.float32)
+    pool = StartPool(jnp.asarray(pool_obs), {"s": jnp.asarray(pool_obs[:, 0] * 10)})
+    obs = rng.normal(size=(6, 3)).astype(np.float32)
+    restart = jax.jit(restart_from_pool)
+    for done, used in [([0, 1, 0, 1, 1, 0], 0), ([1, 0, 0, 0, 0, 1], 2), ([1, 1, 1, 1, 1, 1], 3),
+                       ([0] * 6, 4)]:
+        done = np.array(done, bool)
+        want_obs, want_used, want_repeated = restart_reference(done, obs, pool_obs, used)
+        got_obs, got_state, got_used, got_repeated = restart(
+            jnp.asarray(done), jnp.asarray(obs), {"s": jnp.asarray(obs[:, 0] * 10)}, pool,
+            jnp.int32(used))
+        np.testing.assert_array_equal(got_obs, want_obs)
+        np.testing.assert_array_equal(got_state["s"], want_obs[:, 0] * 10)  # state follows obs
+        assert int(got_used) == want_used
+        np.testing.assert_array_equal(got_repeated, want_repeated)
+
+
+PENDULUM_LIMIT = 5
+
+
+def pendulum_pool_rollout(fresh_starts, num_envs=8, num_steps=40):
+    """Pendulum (no terminal states) with a 5-step time limit and random torques."""
+    env, env_params, spec = make_env("Pendulum-v1")
+    env_params = env_params.replace(max_steps_in_episode=PENDULUM_LIMIT)
+    policy = lambda key, obs, first, h: (  # noqa: E731
+        jax.random.uniform(key, (obs.shape[0], 1), minval=-3.0, maxval=3.0), (), h)
+
+    @jax.jit
+    def run(key):
+        state = reset(env, env_params, key, num_envs)
+        return rollout(env, env_params, spec, policy, state, jax.random.fold_in(key, 1),
+                       num_steps, fresh_starts)[1]
+
+    return jax.tree.map(np.asarray, run(jax.random.PRNGKey(0))), env_params
+
+
+def pendulum_step_reference(obs, action, p):
+    """NumPy, from gymnax's Pendulum: one step of the pendulum ODE from observation
+    [cos theta, sin theta, theta_dot] and torque u (clipped to +-max_torque)."""
+    theta, theta_dot = np.arctan2(obs[..., 1], obs[..., 0]), obs[..., 2]
+    u = np.clip(action[..., 0], -p.max_torque, p.max_torque)
+    theta_dot = np.clip(theta_dot + (3 * p.g / (2 * p.l) * np.sin(theta)
+                                     + 3.0 / (p.m * p.l ** 2) * u) * p.dt,
+                        -p.max_speed, p.max_speed)
+    theta = theta + theta_dot * p.dt
+    return np.stack([np.cos(theta), np.sin(theta), theta_dot], -1)
+
+
+def test_pool_restarts_every_episode_afresh_and_keeps_time_limits_truncations():
+    """64 episodes end in 320 transitions; a pool of 1/4 of them (80 starts) holds them all."""
+    traj, params = pendulum_pool_rollout(0.25)
+    t = np.arange(traj.obs.shape[0])[:, None]
+    truncations = np.broadcast_to((t + 1) % PENDULUM_LIMIT == 0, traj.truncated.shape)
+    np.testing.assert_array_equal(traj.truncated, truncations)  # time limits, as without pool
+    assert not traj.terminated.any() and not traj.repeated_start.any()
+    np.testing.assert_array_equal(traj.first[1:], truncations[:-1])
+    # The next observation is the state the step reached (the ODE), also where the episode was
+    # truncated and the environment restarted; elsewhere it is the next step's observation.
+    np.testing.assert_allclose(traj.next_obs, pendulum_step_reference(traj.obs, traj.action,
+                                                                      params), atol=2e-5)
+    np.testing.assert_array_equal(traj.next_obs[:-1][~truncations[:-1]],
+                                  traj.obs[1:][~truncations[:-1]])
+    # Every episode's start differs from every other's, across steps and environments.
+    starts = traj.obs[traj.first]
+    assert len(starts) == 8 * 8
+    assert len({tuple(s) for s in np.round(starts, 6)}) == len(starts)
+
+
+def test_pool_starts_follow_the_environments_reset_distribution():
+    """gymnax's Pendulum starts at theta ~ U(-pi, pi), theta_dot ~ U(-1, 1): the restarts
+    (after the first step) pass Kolmogorov-Smirnov tests against those uniforms."""
+    from scipy import stats
+
+    traj, _ = pendulum_pool_rollout(0.25, num_envs=64, num_steps=40)
+    starts = traj.obs[1:][traj.first[1:]]
+    assert len(starts) == 64 * 7
+    theta = np.arctan2(starts[:, 1], starts[:, 0])
+    assert stats.kstest(theta, stats.uniform(-np.pi, 2 * np.pi).cdf).pvalue > 0.01
+    assert stats.kstest(starts[:, 2], stats.uniform(-1, 2).cdf).pvalue > 0.01
+    # ... and not the first starts again (Brax's AutoResetWrapper's way)
+    assert not np.isin(np.round(starts[:, 2], 6), np.round(traj.obs[0, :, 2], 6)).any()
+
+
+def test_a_pool_too_small_for_the_episodes_reuses_starts_and_says_so():
+    """A pool of 1/16 of 320 transitions (20 starts) for 64 episodes: the 44 after the 20th
+    reuse starts, flagged at the steps whose episode ended; the first 20 are distinct."""
+    traj, _ = pendulum_pool_rollout(1 / 16)
+    done = traj.truncated
+    assert (traj.repeated_start <= done).all()
+    # handed out in time-major order: step by step, environments in index order
+    in_order = traj.repeated_start.reshape(-1)[np.flatnonzero(done.reshape(-1))]
+    np.testing.assert_array_equal(in_order, [False] * 20 + [True] * 44)
+    _, _, repeated_sum, count = finished_episode_stats(traj)
+    assert (float(repeated_sum), float(count)) == (44.0, 64.0)
+
+
+def test_pool_size_and_the_environments_default():
+    assert start_pool_size(object(), None, 8, 40) == 0  # gymnax: a reset every step
+    assert start_pool_size(object(), 1.0, 8, 40) == 0
+    assert start_pool_size(object(), 0.25, 8, 40) == 80
+    assert start_pool_size(object(), 1e-6, 8, 40) == 1  # rounded up: never empty
+
+    class Dear:
+        fresh_starts = 1 / 16
+
+    assert start_pool_size(Dear(), None, 8, 40) == 20

@@ -52,7 +52,8 @@ from common.host.devices import (Layout, differing_processes, fail, fetch, from_
 from common.host.flags import flag_of, parse, parse_command  # noqa: F401  (parse: for callers)
 from common.host.options import RESUME_MUST_MATCH, RunOptions
 
-NAN_BY_DESIGN = ("episodic_return", "episodic_length", "explained_variance", "eval_return")
+NAN_BY_DESIGN = ("episodic_return", "episodic_length", "repeated_starts", "explained_variance",
+                 "eval_return")
 """Metrics that may be NaN in a healthy run (no episode finished in an update, a constant
 return); every other metric and every parameter is checked for NaN/inf after each chunk."""
 

@@ -23,6 +23,7 @@ from jax import lax
 TAGS = {
     "episodic_return": "charts/episodic_return",
     "episodic_length": "charts/episodic_length",
+    "repeated_starts": "charts/repeated_starts",
     "learning_rate": "charts/learning_rate",
     "eval_return": "eval/episodic_return",
     "SPS": "charts/SPS",
