@@ -59,10 +59,13 @@ BRAX_BACKENDS = ("spring", "positional", "generalized", "mjx")
 def known_env_ids() -> list[str]:
     """Every environment id: gymnax's (read from its registry if gymnax is imported, else
     from the id list in its `registration.py`, parsed without running it: no JAX starts),
-    the velocity-hidden tasks of `MASKED`, then Brax's as `brax/<name>`."""
+    the velocity-hidden tasks of `MASKED`, Brax's as `brax/<name>`, then MuJoCo Playground's
+    Control Suite as `playground/<Task>` (where Playground is installed)."""
     gymnax = list(sys.modules["gymnax"].registered_envs) if "gymnax" in sys.modules else \
         list(_builtins()[0])
-    return gymnax + list(MASKED) + [f"brax/{name}" for name in BRAX_ENVS]
+    control = [f"playground/{t}" for t, s in playground_tasks().items()
+               if s == "dm_control_suite"]
+    return gymnax + list(MASKED) + [f"brax/{name}" for name in BRAX_ENVS] + control
 
 
 class MaskedObservation:
@@ -128,6 +131,23 @@ def _builtins() -> tuple[tuple[str, ...], dict]:
     return ids, factories
 
 
+@functools.cache
+def playground_tasks() -> dict[str, str]:
+    """MuJoCo Playground's task names -> their registry (`dm_control_suite`, `locomotion`,
+    `manipulation`), read from the `_envs` tables of its installed files without importing it
+    (which starts JAX); empty where Playground is not installed."""
+    spec = importlib.util.find_spec("mujoco_playground")
+    names = {}
+    for suite in ("dm_control_suite", "locomotion", "manipulation") if spec else ():
+        path = os.path.join(spec.submodule_search_locations[0], "_src", suite, "__init__.py")
+        with open(path) as f:
+            for node in ast.parse(f.read()).body:
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict) and \
+                        any(getattr(t, "id", None) == "_envs" for t in node.targets):
+                    names.update({ast.literal_eval(k): suite for k in node.value.keys})
+    return names
+
+
 def _import_without_package_inits(name: str):
     """`importlib.import_module(name)` without running the `__init__` of the packages above
     it. gymnax's import every environment, and with them matplotlib, seaborn and scipy.stats
@@ -172,7 +192,12 @@ MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
 
 def check_env_id(env_id: str):
     """Raise `ValueError` naming the closest known ids when `env_id` is not a gymnax id, and
-    for an environment that would download data (MNISTBandit-bsuite without its files)."""
+    for an environment that would download data (MNISTBandit-bsuite without its files, a
+    Playground robot without its models)."""
+    if env_id.startswith("playground/"):
+        from common.playgroundenv import check_task
+
+        return check_task(env_id.removeprefix("playground/"))
     known = known_env_ids()
     if env_id not in known:
         close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.5)
@@ -195,8 +220,8 @@ def gymnax_spaces():
 
 
 def make_env(env_id: str, brax_backend: str = "positional"):
-    """`(env, env_params, spec)` for a gymnax environment id, one of `MASKED`, or `brax/<name>`
-    (physics pipeline `brax_backend`).
+    """`(env, env_params, spec)` for a gymnax environment id, one of `MASKED`, `brax/<name>`
+    (physics pipeline `brax_backend`) or `playground/<Task>`.
 
     Raises `ValueError` naming the closest known ids when `env_id` is unknown, before anything is
     compiled.
@@ -209,6 +234,11 @@ def make_env(env_id: str, brax_backend: str = "positional"):
             raise ValueError(f"--brax-backend must be one of {', '.join(BRAX_BACKENDS)}, got "
                              f"{brax_backend!r}.")
         env = BraxEnv(env_id.removeprefix("brax/"), brax_backend)
+        env_params = env.default_params
+    elif env_id.startswith("playground/"):
+        from common.playgroundenv import PlaygroundEnv
+
+        env = PlaygroundEnv(env_id.removeprefix("playground/"))
         env_params = env.default_params
     elif env_id in MASKED:
         base, keep = MASKED[env_id]

@@ -8,6 +8,8 @@ and prints it; a flag given on the command line wins over the preset; `--no-pres
 presets off. Each entry says where its numbers come from.
 """
 
+from common.envs import playground_tasks
+
 MINATAR = ("Breakout-MinAtar", "SpaceInvaders-MinAtar", "Asterix-MinAtar", "Freeway-MinAtar")
 """The four MinAtar games of the results table."""
 
@@ -206,3 +208,61 @@ PRESETS[("impala", "brax/inverted_pendulum")] = dict(total_timesteps=1_000_000,
 def preset(algo: str, env_id: str) -> dict:
     """The preset of `algo` on `env_id` (a copy; empty when there is none)."""
     return dict(PRESETS.get((algo, env_id), {}))
+
+# MuJoCo Playground's DeepMind Control Suite (`playground/<Task>`, the `playground` extra).
+# PPO with an accelerator: Playground's own PPO settings for the suite
+# (`mujoco_playground/config/dm_control_suite_params.py`, `brax_ppo_config`): 2048 envs,
+# 32 minibatches of 1024 unrolls of 30 steps each update (16 unrolls per env, here a
+# 480-step rollout: the same 983,040 transitions), 16 epochs, Adam 1e-3 without annealing,
+# entropy 1e-2, gamma 0.995 (0.95 for BallInCup and FingerSpin), Brax's clip 0.3 and GAE
+# lambda 0.95, observations normalised, 6e7 steps (1e8 for AcrobotSwingup, SwimmerSwimmer6 and
+# WalkerRun). Two differences: rewards are normalised by the return's running std where
+# Brax's PPO multiplies them by 10 (`reward_scaling`), and the networks are this toolkit's
+# (64x64 tanh MLPs), not Brax's 4x32 policy and 5x256 value swish MLPs.
+PPO_PLAYGROUND_ACCELERATOR = dict(total_timesteps=60_000_000, num_envs=2048, num_steps=480,
+                                  num_minibatches=32, update_epochs=16, learning_rate=1e-3,
+                                  anneal_lr=False, gamma=0.995, clip_coef=0.3, ent_coef=0.01,
+                                  normalize_obs=True, normalize_reward=True)
+"""PPO on the Control Suite with an accelerator: Playground's own settings (above)."""
+
+
+def _playground_ppo(task: str) -> dict:
+    config = dict(PPO_PLAYGROUND_ACCELERATOR)
+    if task in ("BallInCup", "FingerSpin"):
+        config["gamma"] = 0.95
+    if task.startswith(("AcrobotSwingup", "SwimmerSwimmer6", "WalkerRun")):
+        config["total_timesteps"] = 100_000_000
+    return config
+
+
+PLAYGROUND = tuple(f"playground/{task}" for task, suite in playground_tasks().items()
+                   if suite == "dm_control_suite")
+"""The Control Suite's tasks in the installed Playground (none where it is not installed)."""
+for _env in PLAYGROUND:
+    PRESETS[("ppo", _env)] = _playground_ppo(_env.removeprefix("playground/"))
+# PPO on CartpoleBalance sized for a CPU: Playground's algorithm settings (lr 1e-3, gamma
+# 0.995, normalised observations) on 32 envs x 64 steps in 8 minibatches and 4 epochs, no
+# entropy bonus, rewards normalised: 2 seeds reached 996 and 999 at 1e6 steps (20 s of
+# training on this 2-core CPU, 99k steps a second).
+PRESETS[("ppo", "playground/CartpoleBalance")] = dict(
+    total_timesteps=2_000_000, num_envs=32, num_steps=64, num_minibatches=8, update_epochs=4,
+    learning_rate=1e-3, anneal_lr=False, gamma=0.995, ent_coef=0.0, normalize_obs=True,
+    normalize_reward=True)
+# A2C and IMPALA on the Control Suite: 32 envs x 16 steps, one RMSprop step per rollout, the
+# learning rate annealed to 0, no entropy bonus, gamma 0.995, lambda 0.95, observations and
+# rewards normalised; tuned on CartpoleBalance only, by vmapped sweeps (2 seeds each,
+# benchmarks/results/sweeps/*__playground-CartpoleBalance__cpu-lr*.json). A2C (normalised
+# advantages): lr 1e-4 / 3e-4 / 1e-3 gave 286 / 451 / 556 at 2e6 steps; IMPALA (actors one
+# update behind): lr 3e-4 / 7e-4 / 1.5e-3 gave 324 / 401 / 508. With 16 envs x 8 steps and
+# a constant rate (1e6 steps) A2C reached 452 at best (lr 2e-4), IMPALA 524 (7e-4). Neither
+# comes near PPO's 996 on this task: both take one gradient step per rollout.
+_A2C_PLAYGROUND = dict(total_timesteps=2_000_000, num_envs=32, num_steps=16,
+                       learning_rate=1e-3, anneal_lr=True, gamma=0.995, gae_lambda=0.95,
+                       norm_adv=True, ent_coef=0.0, normalize_obs=True, normalize_reward=True)
+_IMPALA_PLAYGROUND = dict(total_timesteps=2_000_000, num_envs=32, num_steps=16, actor_lag=1,
+                          learning_rate=1.5e-3, anneal_lr=True, opt_eps=1e-5, gamma=0.995,
+                          vtrace_lambda=0.95, ent_coef=0.0, normalize_obs=True,
+                          normalize_reward=True)
+for _env in PLAYGROUND:
+    PRESETS[("a2c", _env)] = dict(_A2C_PLAYGROUND)
+    PRESETS[("impala", _env)] = dict(_IMPALA_PLAYGROUND)

@@ -42,7 +42,7 @@ from common.envs import MASKED, known_env_ids, make_env
 made = {}
 first = ["CartPole-v1", "Pendulum-v1", "Breakout-MinAtar"]
 others = [i for i in known_env_ids() if i not in first and i != "MNISTBandit-bsuite"  # download
-          and i not in MASKED and not i.startswith("brax/")]  # ours, not gymnax's
+          and i not in MASKED and not i.startswith(("brax/", "playground/"))]  # not gymnax's
 for env_id in first + others:
     env, params, _ = make_env(env_id)
     made[env_id] = (type(env), params)

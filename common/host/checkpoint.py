@@ -47,6 +47,7 @@ import functools
 import hashlib
 import os
 import platform
+import dataclasses
 import tempfile
 from importlib import metadata
 
@@ -183,7 +184,7 @@ def save(path: str, *, algo: str, config: dict, run: dict, run_names: list, upda
         "update": int(update),
         "run_time": int(run_time),
         "versions": library_versions(),
-        "train_state": serialization.to_state_dict(jax.device_get(train_state)),
+        "train_state": serialization.to_state_dict(serialisable(jax.device_get(train_state))),
     }
     payload = serialization.msgpack_serialize(record)
     blobs, digests = list(rows.blobs), list(rows.digests)
@@ -334,6 +335,39 @@ def concat_rows(chunks: list) -> dict:
     return {k: np.concatenate([column(r, k) for r in chunks], axis=1) for k in names}
 
 
+def serialisable(tree):
+    """`tree`, after teaching flax's serialization every dataclass node in it that flax does
+    not know (MJX's `Data` in a Playground environment's state): its state dict is that of its
+    fields, by name."""
+    def to_dict(node):
+        return {f.name: serialization.to_state_dict(getattr(node, f.name))
+                for f in dataclasses.fields(node)}
+
+    def from_dict(node, state):
+        return dataclasses.replace(node, **{
+            f.name: serialization.from_state_dict(getattr(node, f.name), state[f.name], f.name)
+            for f in dataclasses.fields(node)})
+
+    def walk(node):
+        if dataclasses.is_dataclass(node) and not isinstance(node, type):
+            try:
+                serialization.register_serialization_state(type(node), to_dict, from_dict)
+            except ValueError:  # known already (flax's own struct dataclasses)
+                pass
+            children = [getattr(node, f.name) for f in dataclasses.fields(node)]
+        elif isinstance(node, (tuple, list)):
+            children = node
+        elif isinstance(node, dict):
+            children = node.values()
+        else:
+            return
+        for child in children:
+            walk(child)
+
+    walk(tree)
+    return tree
+
+
 def _unpack(data: bytes, path: str):
     try:
         return serialization.msgpack_restore(data)
@@ -350,7 +384,7 @@ def restore(template, state_dict, path: str = "checkpoint"):
     structure, a shape or a dtype differs.
     """
     try:
-        state = serialization.from_state_dict(template, state_dict)
+        state = serialization.from_state_dict(serialisable(template), state_dict)
     except (ValueError, KeyError, TypeError) as error:
         raise CheckpointError(f"{path!r}: the saved training state does not fit this "
                               f"algorithm and config ({error}).") from None

@@ -172,6 +172,7 @@ class Layout:
                                 tree, is_leaf=lambda x: isinstance(x, P))
 
         in_specs = every_leaf(tuple(in_specs), shapes)
+        flat_in_specs = jax.tree.leaves(in_specs, is_leaf=lambda x: isinstance(x, P))
         lowered = [jax.jit(fn).lower(*on(d, shapes, in_specs)) for d in local]
         with ThreadPoolExecutor(len(local)) as pool:  # XLA compiles outside the GIL
             programs = dict(zip(local, pool.map(lambda low: low.compile(), lowered)))
@@ -180,9 +181,15 @@ class Layout:
         def run(*args):
             by_device = {d: [] for d in local}
             flat_args, tree = jax.tree.flatten(args)
-            for x in flat_args:
+            for x, spec in zip(flat_args, flat_in_specs):
                 for shard in x.addressable_shards:
-                    by_device[shard.device].append(shard.data)
+                    if x.size == 0:  # jit lays out arrays without elements as replicated
+                        shape = (x.shape[0] // parts,) + x.shape[1:] \
+                            if spec == P(SEEDS_AXIS) else x.shape
+                        by_device[shard.device].append(
+                            jax.device_put(np.zeros(shape, x.dtype), shard.device))
+                    else:
+                        by_device[shard.device].append(shard.data)
             outs = [jax.tree.leaves(programs[d](*jax.tree.unflatten(tree, by_device[d])))
                     for d in local]
             return jax.tree.unflatten(out_tree, [jax.make_array_from_single_device_arrays(

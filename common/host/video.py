@@ -1,7 +1,7 @@
 """Videos of one episode: GIFs drawn with gymnax's own renderers (`gymnax.visualize`, through
 matplotlib; classic control also needs gymnasium's pygame renderer, MinAtar needs seaborn),
-and for Brax environments an HTML page that plays the episode in a browser (Brax's own
-viewer, `brax.io.html`: no extra package). The optional packages are imported only here, and
+and for Brax and MuJoCo Playground environments an HTML page that plays the episode in a
+browser (Brax's own viewer, `brax.io.html`: no extra package). The optional packages are imported only here, and
 `check_renderer` says which are missing before anything is drawn.
 """
 
@@ -29,7 +29,7 @@ def check_renderer(env_id: str, path: str = "episode.gif"):
     (a GIF; for a Brax environment an `.html` page)."""
     from common.envs import MASKED
 
-    if env_id.startswith("brax/"):
+    if env_id.startswith(("brax/", "playground/")):
         if not path.lower().endswith(".html"):
             raise ValueError(f"--capture-video for {env_id} writes an HTML page (Brax's "
                              f"viewer); name it *.html, not {path!r}.")
@@ -60,9 +60,12 @@ def save_gif(env, env_params, states, rewards, path: str):
 
 def save_video(env_id: str, env, env_params, states, rewards, path: str):
     """Save one episode (states and rewards, one per frame) as `check_renderer` allowed: an
-    HTML page for a Brax environment (Brax's viewer), a GIF otherwise."""
-    if env_id.startswith("brax/"):
-        from common.braxenv import render_html
+    HTML page for a Brax or Playground environment (Brax's viewer), a GIF otherwise."""
+    if env_id.startswith(("brax/", "playground/")):
+        if env_id.startswith("brax/"):
+            from common.braxenv import render_html
+        else:
+            from common.playgroundenv import render_html
 
         with open(path, "w") as f:
             f.write(render_html(env, states))

@@ -1,0 +1,158 @@
+"""MuJoCo Playground's DeepMind Control Suite (MJX physics) behind the gymnax interface.
+
+`make_env("playground/CheetahRun")` (`common/envs.py`) loads Playground's own environment
+(`mujoco_playground.registry.load`), with none of its training wrappers, and gives it what
+every environment here has, as `common/braxenv.py` does for Brax:
+
+- `step(key, state, action, params) -> (obs, state, reward, terminated, truncated, info)`, and
+  `step_env` / `is_truncated`, the same step without a reset (`common/rollout.py`'s pool);
+- `terminated` is Playground's own `done` (in the Control Suite: the physics went NaN), a
+  terminal state; `truncated` is the time limit, the task's `episode_length` (1000 steps)
+  counted here as Brax's `EpisodeWrapper` counts it, a truncation: bootstrap from the state
+  reached, which `info["final_observation"]` holds;
+- a finished episode restarts from a fresh random start (a full `env.reset`), not from a cached
+  first state (Playground's `BraxAutoResetWrapper` without `full_reset`);
+- observations given as a dict (locomotion's `state` and `privileged_state`) are the policy's
+  part, `state`;
+- the action space is the actuators' control range (`actuator_ctrlrange`; [-1, 1] throughout
+  the Control Suite), to which the rollout clips the policy's actions.
+
+MJX runs on the JAX implementation (`impl="jax"`), which compiles for a CPU, a TPU and a GPU
+alike (Playground's default, Warp, needs an NVIDIA GPU).
+
+Playground is an optional extra (`pip install -e ".[playground]"`), imported only when a
+`playground/...` environment is made. Its task names are read from its installed files without
+importing it (which starts JAX and takes seconds), so a wrong id fails before anything starts.
+"""
+
+import contextlib
+import functools
+import importlib.util
+import io
+import os
+import warnings
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from common.envs import gymnax_spaces, playground_tasks
+
+def menagerie_path() -> str:
+    """Where Playground looks for MuJoCo Menagerie's robot models."""
+    spec = importlib.util.find_spec("mujoco_playground")
+    return os.path.join(spec.submodule_search_locations[0], "external_deps", "mujoco_menagerie")
+
+
+def check_task(task: str):
+    """Raise `ValueError` (one line) for a task this machine cannot make: Playground missing,
+    an unknown name (with the close ones), a robot task without Menagerie's models."""
+    import difflib
+
+    names = playground_tasks()
+    if not names:
+        raise ValueError(f"playground/{task} needs MuJoCo Playground, which is not installed: "
+                         "pip install -e \".[playground]\"")
+    if task not in names:
+        control = [n for n, s in names.items() if s == "dm_control_suite"]
+        close = difflib.get_close_matches(task, list(names), n=3, cutoff=0.5)
+        hint = f" Did you mean {' or '.join(f'playground/{c}' for c in close)}?" if close else ""
+        raise ValueError(f"unknown Playground task {task!r}.{hint} The Control Suite's: "
+                         f"{', '.join(control)}.")
+    if names[task] != "dm_control_suite" and not os.path.isdir(menagerie_path()):
+        raise ValueError(
+            f"playground/{task} is a {names[task]} task, whose robot models (MuJoCo Menagerie) "
+            f"are not installed at {menagerie_path()}, and this toolkit never downloads: clone "
+            "https://github.com/google-deepmind/mujoco_menagerie there first, or pick a "
+            "Control Suite task.")
+
+
+class PlaygroundParams(NamedTuple):
+    max_steps_in_episode: int = 1000
+    """The time limit: an episode is truncated after this many steps (the task's
+    `episode_length`)."""
+
+
+class PlaygroundState(NamedTuple):
+    mjx: Any
+    """Playground's `State` (MJX data, observation, reward, done, metrics, info)."""
+    time: jax.Array
+    """Steps taken in the current episode, int32."""
+
+
+class PlaygroundEnv:
+    """A Playground environment with gymnax's methods (see the module docstring)."""
+
+    fresh_starts = 1 / 16
+    """The rollout's default pool of fresh starts, per transition (`common/rollout.py`): an MJX
+    reset runs the physics' forward pass, as dear as a step."""
+
+    def __init__(self, task: str):
+        check_task(task)
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from mujoco_playground import registry
+
+            self.env = registry.load(task, config_overrides={"impl": "jax"})
+        self.name = f"playground/{task}"
+        self.default_params = PlaygroundParams(int(self.env._config.episode_length))
+
+    @staticmethod
+    def policy_obs(obs):
+        """The policy's observation: `obs`, or its `state` where Playground gives a dict."""
+        return obs["state"] if isinstance(obs, dict) else obs
+
+    def reset(self, key, params=None):
+        state = self.env.reset(key)
+        return self.policy_obs(state.obs), PlaygroundState(state, jnp.zeros((), jnp.int32))
+
+    def step_env(self, key, state: PlaygroundState, action, params=None):
+        """One control step, no reset: `(obs, state, reward, terminated, info)`."""
+        reached = self.env.step(state.mjx, action)
+        return (self.policy_obs(reached.obs), PlaygroundState(reached, state.time + 1),
+                jnp.asarray(reached.reward, jnp.float32), jnp.asarray(reached.done) > 0, {})
+
+    def is_truncated(self, state: PlaygroundState, params=None):
+        params = self.default_params if params is None else params
+        return state.time >= params.max_steps_in_episode
+
+    def step(self, key, state: PlaygroundState, action, params=None):
+        params = self.default_params if params is None else params
+        obs, state, reward, terminated, _ = self.step_env(key, state, action, params)
+        truncated = jnp.logical_and(self.is_truncated(state, params), ~terminated)
+        done = jnp.logical_or(terminated, truncated)
+        reset_obs, reset_state = self.reset(key, params)
+        reached_obs = obs
+        state = jax.tree.map(lambda fresh, kept: jnp.where(done, fresh, kept), reset_state, state)
+        obs = jnp.where(done, reset_obs, obs)
+        return obs, state, reward, terminated, truncated, {"final_observation": reached_obs}
+
+    @functools.cached_property
+    def observation_size(self) -> int:
+        obs = jax.eval_shape(self.env.reset, jax.ShapeDtypeStruct((2,), jnp.uint32)).obs
+        return self.policy_obs(obs).shape[-1]
+
+    def observation_space(self, params=None):
+        return gymnax_spaces().Box(-jnp.inf, jnp.inf, (self.observation_size,), jnp.float32)
+
+    def action_space(self, params=None):
+        low, high = self.env.mj_model.actuator_ctrlrange.T
+        limited = self.env.mj_model.actuator_ctrllimited.astype(bool)
+        low = jnp.where(limited, jnp.asarray(low, jnp.float32), -jnp.inf)
+        high = jnp.where(limited, jnp.asarray(high, jnp.float32), jnp.inf)
+        return gymnax_spaces().Box(low, high, (self.env.action_size,), jnp.float32)
+
+
+def render_html(env: PlaygroundEnv, states: list) -> str:
+    """An HTML page that plays the episode of `states` (`PlaygroundState`s, one per frame) in a
+    browser, drawn by Brax's viewer (`brax.io.html`, installed with Playground) from the
+    bodies' positions and orientations in MJX's data (the world body left out)."""
+    import types
+
+    from brax import base
+    from brax.io import html, mjcf
+
+    system = mjcf.load_model(env.env.mj_model).tree_replace({"opt.timestep": env.env.dt})
+    frames = [types.SimpleNamespace(x=base.Transform(pos=s.mjx.data.xpos[1:],
+                                                     rot=s.mjx.data.xquat[1:])) for s in states]
+    return html.render(system, frames)

@@ -1,0 +1,197 @@
+"""MuJoCo Playground's Control Suite (`playground/<Task>`, `common/playgroundenv.py`) through
+the rollout every algorithm uses: the time limit a truncation with the true final observation,
+every episode a fresh random start (with the pool and without), the actuators' bounds; the
+three algorithms training on CartpoleBalance, PPO learning it, from Python and from the
+command line with a checkpoint, evaluation and an HTML video; and the bad input of this
+extra, one line and exit status 2 before compiling. Skipped where Playground is not installed
+(`pip install -e ".[playground]"`; CI installs it).
+"""
+
+import functools
+import importlib
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("mujoco_playground")
+
+from algos.evaluate import main as evaluate  # noqa: E402
+from common.envs import check_env_id, known_env_ids, make_env  # noqa: E402
+from common.host import checkpoint  # noqa: E402
+from common.playgroundenv import PlaygroundEnv, PlaygroundParams  # noqa: E402
+from common.presets import PRESETS  # noqa: E402
+from common.rollout import reset, rollout  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TASK = "playground/CartpoleBalance"
+LIMIT, STEPS, ENVS = 7, 30, 4
+
+
+@functools.cache
+def cartpole_rollout(fresh_starts):
+    """30 steps of 4 cart-poles with a 7-step time limit and random pushes."""
+    env, _, spec = make_env(TASK)
+    params = PlaygroundParams(max_steps_in_episode=LIMIT)
+
+    def policy(key, obs, first, hidden):
+        return jax.random.uniform(key, (obs.shape[0], 1), minval=-2.0, maxval=2.0), (), hidden
+
+    def run(key):
+        state = reset(env, params, key, ENVS)
+        return rollout(env, params, spec, policy, state, jax.random.fold_in(key, 1), STEPS,
+                       fresh_starts)
+
+    return jax.tree.map(np.asarray, jax.jit(run)(jax.random.PRNGKey(0))), env, params
+
+
+@pytest.mark.parametrize("fresh_starts", [1.0, 0.25])
+def test_the_time_limit_is_a_truncation_with_the_final_observation_and_starts_are_fresh(
+        fresh_starts):
+    (_, traj), _, _ = cartpole_rollout(fresh_starts)
+    t = np.arange(STEPS)[:, None]
+    limit = np.broadcast_to((t + 1) % LIMIT == 0, traj.truncated.shape)
+    np.testing.assert_array_equal(traj.truncated, limit)  # nothing goes NaN: no termination
+    assert not traj.terminated.any() and not traj.repeated_start.any()
+    assert ((traj.reward >= 0) & (traj.reward <= 1)).all()  # the suite's rewards
+    np.testing.assert_array_equal(traj.first[1:], limit[:-1])
+    # where the episode goes on, the next observation is the next step's; where it was cut,
+    # the state the step reached, which is not the new episode's start
+    np.testing.assert_array_equal(traj.next_obs[:-1][~limit[:-1]], traj.obs[1:][~limit[:-1]])
+    assert not np.isclose(traj.next_obs[:-1][limit[:-1]], traj.obs[1:][limit[:-1]]).all(-1).any()
+    starts = traj.obs[traj.first]
+    assert len(starts) == ENVS * 5
+    assert len({tuple(s) for s in np.round(starts, 6)}) == len(starts)  # all different
+    # Playground's own reset draws the cart within +-0.1 (and the pole near upright)
+    assert (np.abs(starts[:, 0]) <= 0.1).all() and (starts[:, 1] > 0.99).all()
+
+
+def test_the_final_observation_is_what_playgrounds_own_step_reaches():
+    """Step one environment by hand with Playground's `step` (no wrapper) from the rollout's
+    start: every observation and the truncated step's final one agree."""
+    env, _, spec = make_env(TASK)
+    params = PlaygroundParams(max_steps_in_episode=3)
+    action = jnp.full((1, 1), 0.7)
+    state0 = reset(env, params, jax.random.PRNGKey(3), 1)
+    _, traj = jax.jit(lambda s, k: rollout(env, params, spec, lambda key, obs, f, h: (
+        action, (), h), s, k, 3, 0.5))(state0, jax.random.PRNGKey(4))
+    s = jax.tree.map(lambda x: x[0], state0.env_state.mjx)
+    step = jax.jit(env.env.step)
+    for t in range(3):
+        s = step(s, action[0])
+        np.testing.assert_allclose(traj.next_obs[t, 0], s.obs, rtol=1e-5, atol=1e-6)
+    assert bool(traj.truncated[2, 0]) and not bool(traj.terminated[2, 0])
+
+
+def test_spaces_policy_observation_and_presets():
+    env, params, spec = make_env(TASK)
+    assert spec.obs_shape == (5,) and not spec.discrete and spec.action_dim == 1
+    assert (spec.action_low, spec.action_high) == ((-1.0,), (1.0,))  # actuator_ctrlrange
+    assert params.max_steps_in_episode == 1000  # the suite's episode_length
+    assert PlaygroundEnv.policy_obs({"state": 1, "privileged_state": 2}) == 1
+    control = [i for i in known_env_ids() if i.startswith("playground/")]
+    assert len(control) == 25 and "playground/WalkerWalk" in control
+    for env_id in control:
+        assert ("ppo", env_id) in PRESETS
+    assert PRESETS[("ppo", "playground/FingerSpin")]["gamma"] == 0.95
+    assert PRESETS[("ppo", "playground/WalkerRun")]["total_timesteps"] == 100_000_000
+
+
+@pytest.mark.parametrize("env_id, message", [
+    ("playground/CartpoleBalanse", "unknown Playground task 'CartpoleBalanse'. Did you mean "
+     "playground/CartpoleBalance"),
+    ("playground/Go1JoystickFlatTerrain", "playground/Go1JoystickFlatTerrain is a locomotion "
+     "task, whose robot models (MuJoCo Menagerie) are not installed"),
+    ("playground/PandaPickCube", "playground/PandaPickCube is a manipulation task"),
+])
+def test_a_task_this_machine_cannot_make_is_refused_by_name(env_id, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_env_id(env_id)
+
+
+def run_cli(*args, hide_playground=False, tmp_path=None):
+    code = ("import sys, runpy; "
+            + ("sys.modules['mujoco_playground'] = None; "
+               "import importlib.util as u; find = u.find_spec; "
+               "u.find_spec = lambda n, *a: None if n == 'mujoco_playground' else find(n, *a); "
+               if hide_playground else "")
+            + f"sys.argv = ['algos/ppo.py', *{list(args)!r}]; "
+            "runpy.run_path('algos/ppo.py', run_name='__main__')")
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.parametrize("args, hide, message", [
+    (["--env-id", "playground/CartpoleBalance"], True, "error: playground/CartpoleBalance needs "
+     "MuJoCo Playground, which is not installed: pip install -e \".[playground]\""),
+    (["--env-id", "playground/WalkerWalks"], False, "error: unknown Playground task "
+     "'WalkerWalks'. Did you mean playground/WalkerWalk"),
+    (["--env-id", "playground/BerkeleyHumanoidJoystickFlatTerrain"], False,
+     "error: playground/BerkeleyHumanoidJoystickFlatTerrain is a locomotion task"),
+])
+def test_bad_playground_input_is_one_line_and_exit_2_before_compiling(args, hide, message):
+    run = run_cli(*args, hide_playground=hide)
+    assert run.returncode == 2, run.stderr[-2000:]
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(message), run.stderr[-2000:]
+    assert "Traceback" not in run.stderr and "step" not in run.stdout
+
+
+@pytest.mark.parametrize("algo", ["a2c", "impala"])
+def test_a2c_and_impala_train_on_a_control_suite_task(algo):
+    module = importlib.import_module(f"algos.{algo}")
+    config = module.Config(env_id=TASK, num_envs=4, num_steps=16, total_timesteps=4 * 16 * 8,
+                           normalize_obs=True, normalize_reward=True,
+                           **(dict(actor_lag=1) if algo == "impala" else {}))
+    state, metrics = jax.jit(module.make_train(config))(jax.random.PRNGKey(0))
+    for name, value in metrics.items():
+        if name not in ("episodic_return", "episodic_length", "repeated_starts"):
+            assert np.isfinite(value).all(), name
+    assert float(state.reward_stats.count) > 100
+
+
+def test_ppo_learns_cartpole_balance_with_its_cpu_preset():
+    """The CPU preset's settings for 1e6 steps, one seed: near the most a 1000-step episode
+    can return (the first episodes about 300)."""
+    ppo = importlib.import_module("algos.ppo")
+    config = ppo.Config(env_id=TASK, **{**PRESETS[("ppo", TASK)], "total_timesteps": 1_000_000})
+    train = jax.jit(ppo.make_train(config))
+    _, metrics = train(jax.random.PRNGKey(0))
+    returns = np.asarray(metrics["episodic_return"])
+    returns = returns[np.isfinite(returns)]  # the updates where 1000-step episodes ended
+    first, last = returns[:3].mean(), returns[-3:].mean()
+    assert last > 900 and first < 500, (first, last)
+    assert np.nanmax(np.asarray(metrics["repeated_starts"])) == 0.0
+
+
+def test_the_command_line_trains_checkpoints_evaluates_and_renders(tmp_path, capsys):
+    run = run_cli("--env-id", TASK, "--num-envs", "4", "--num-steps", "16",
+                  "--num-minibatches", "2", "--total-timesteps", "512", "--checkpoint-every",
+                  "4", "--log-dir", str(tmp_path))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+    [path] = [os.path.join(d, f) for d, _, files in os.walk(tmp_path) for f in files
+              if f == "latest.msgpack"]
+    record = checkpoint.load(path)
+    assert record["config"]["gamma"] == 0.995  # the preset, under the flags given
+    # MJX's data (a dataclass flax does not know) is in the checkpoint, field by field
+    qpos = record["train_state"]["env"]["env_state"]["mjx"]["data"]["qpos"]
+    assert np.asarray(qpos).shape == (1, 4, 2)  # [seeds, envs, nq]
+    ppo = importlib.import_module("algos.ppo")
+    train = ppo.make_train(ppo.Config(**record["config"]))
+    template = jax.eval_shape(jax.vmap(train.init), jax.random.split(jax.random.PRNGKey(0), 1))
+    state = checkpoint.restore(template, record["train_state"], path)  # back into MJX's types
+    assert type(state.env.env_state.mjx.data) is type(template.env.env_state.mjx.data)
+    np.testing.assert_array_equal(state.env.env_state.mjx.data.qpos, qpos)
+    video = tmp_path / "episode.html"
+    evaluate([path, "--episodes", "2", "--capture-video", str(video)])
+    out = capsys.readouterr().out
+    assert "mean return over 1 run(s)" in out
+    frames = int(out.split("video: ")[1].split("(")[1].split(" frames")[0])
+    assert frames == 1000, out  # the balance never fails: the whole 1000 steps
+    page = video.read_text()
+    assert "<html>" in page and 'id="brax-viewer"' in page, page[:300]
