@@ -270,6 +270,26 @@ def test_ctrl_c_while_starting_exits_quietly(tmp_path, monkeypatch, capsys):
         "interrupted while starting; nothing was trained or written"
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_compiling_leaves_at_once_with_one_line(signum, tmp_path):
+    """From the command line, Ctrl-C (or SIGTERM) while the programs are being built: one
+    line, exit status 128 + the signal, within seconds (not once compiling ends, nor dropped
+    inside a JAX callback so that the run goes on), and nothing written."""
+    run = subprocess.Popen([sys.executable, "algos/ppo.py", "--env-id", "MaskedCartPole-v1",
+                            "--log-dir", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    assert run.stdout.readline().startswith("preset for ppo on MaskedCartPole-v1")  # parsed
+    time.sleep(2.0)  # building the GRU's programs: compiling takes several seconds more
+    sent = time.perf_counter()
+    run.send_signal(signum)
+    out, err = run.communicate(timeout=120)
+    assert time.perf_counter() - sent < 10, "waited for the compiler"
+    assert run.returncode == 128 + signum, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == ["interrupted while starting; nothing was trained or written"], err
+    assert "step" not in out and not glob.glob(str(tmp_path / "*" / checkpoint.LATEST))
+
+
 def test_a_train_without_a_piece_the_command_line_needs_is_one_line(tmp_path, monkeypatch,
                                                                     capsys):
     """A copied algorithm file whose `train` lost a piece `common/host/contract.py` lists:

@@ -62,6 +62,8 @@ def main(algo: str, config_cls, make_train, argv=None):
     """`python algos/<algo>.py [flags]`: parse, set up JAX, build `train`, train and log."""
     global EXIT_AT_ONCE
     EXIT_AT_ONCE = argv is None  # a real command line, not a call from Python
+    if EXIT_AT_ONCE:
+        STARTING.watch()  # Ctrl-C before training: leave at once, even mid-compile
     try:
         config, run, resumed = parse_command(algo, config_cls, argv)
         setup_devices(run)  # the one call: before anything starts JAX (make_train does)
@@ -76,13 +78,14 @@ def main(algo: str, config_cls, make_train, argv=None):
         if EXIT_AT_ONCE and jax.process_count() == 1:
             leave_now(0)  # every file is written: skip the 0.4 s of tearing JAX down
         return metrics
-    except KeyboardInterrupt:  # Ctrl-C before training started (training handles its own)
-        print("\ninterrupted while starting; nothing was trained or written", file=sys.stderr,
-              flush=True)
+    except KeyboardInterrupt:  # Ctrl-C before training, from Python (training handles its own)
+        print(f"\n{Starting.LINE}", file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
     except BrokenPipeError:  # `... --help | head`: the reader left, nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise SystemExit(0) from None
+    finally:
+        STARTING.stop()
 
 
 # --------------------------------------------------------------------------------------------
@@ -786,6 +789,58 @@ def first_non_finite(metrics: dict, params, first_update: int):
     return name, update, seed
 
 
+class Starting:
+    """Ctrl-C (or SIGTERM) while a command-line run starts: one line, then exit at once.
+
+    Before training, nothing is written that a signal could leave half done, but the main
+    thread spends most of this time inside XLA's compiler, where Python cannot run a handler:
+    a KeyboardInterrupt would come only once compiling ends, or be raised (and dropped) inside
+    a callback of JAX's so that the run goes on, and a process torn down while XLA's compiler
+    threads still run can crash. Python's C-level handler, though, runs at once on whichever
+    thread the signal lands, and writes the signal's number to the wakeup file descriptor
+    (`signal.set_wakeup_fd`): `watch` points that at a pipe that a thread of its own reads,
+    which prints the line and leaves with `os._exit`. `stop` (training begins: `Interrupt`
+    takes over) ends that thread and puts the previous handlers back."""
+
+    LINE = "interrupted while starting; nothing was trained or written"
+
+    def __init__(self):
+        self.thread, self.pipe, self.previous = None, None, {}
+
+    def watch(self):
+        if threading.current_thread() is not threading.main_thread() or self.thread:
+            return
+        self.pipe = os.pipe()
+        os.set_blocking(self.pipe[1], False)
+        self.previous = {s: signal.signal(s, lambda *_: None) for s in Interrupt.SIGNALS}
+        self.previous_fd = signal.set_wakeup_fd(self.pipe[1], warn_on_full_buffer=False)
+        self.thread = threading.Thread(target=self._wait, name="starting-signals", daemon=True)
+        self.thread.start()
+
+    def _wait(self):
+        while True:
+            signum = os.read(self.pipe[0], 1)[0]
+            if signum == 0:  # `stop`
+                return
+            print(f"\n{self.LINE}", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+
+    def stop(self):
+        if self.thread is None:
+            return
+        signal.set_wakeup_fd(self.previous_fd)
+        os.write(self.pipe[1], b"\0")
+        self.thread.join()
+        for s, handler in self.previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        for fd in self.pipe:
+            os.close(fd)
+        self.thread, self.pipe, self.previous = None, None, {}
+
+
+STARTING = Starting()
+
+
 class Interrupt:
     """Catches Ctrl-C (SIGINT) and SIGTERM while training: `signal` is set and the loop saves
     and exits (`train_in_chunks`). A second signal calls `second(signum)`; leaving the block
@@ -797,6 +852,7 @@ class Interrupt:
         self.signal, self.previous, self.second = None, {}, second
 
     def __enter__(self):
+        STARTING.stop()  # from here, signals come to the handlers below
         if threading.current_thread() is threading.main_thread():  # signal() works only there
             for s in self.SIGNALS:
                 previous = signal.signal(s, self._handle)
