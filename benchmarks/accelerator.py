@@ -18,7 +18,7 @@ Steps, run in the order given:
   default `/tmp/onpolicy-site`). For commands of your own afterwards, put SITE at the end of
   PYTHONPATH, after this checkout, so that the machine's own jax stays first:
   `export PYTHONPATH=$PYTHONPATH:$PWD:/tmp/onpolicy-site`. `run` does that for its steps.
-- `run [PASS ...]` (default: all five) runs each pass's steps in fresh processes, each under
+- `run [PASS ...]` (default: all six) runs each pass's steps in fresh processes, each under
   its own time limit (so that one slow step cannot eat the others' time), prints what they
   print and keeps it in `OUT/log.txt`, and has them write their raw files to `OUT/results/`
   (`--out`, default `benchmarks/out/`, ignored by git). Copy the files to keep into
@@ -40,7 +40,10 @@ Steps, run in the order given:
     seconds, which saves its last whole chunk of updates as Ctrl-C does, so a slower run still
     reports how far it got; its curves then go to `OUT/results/ppo__brax-<task>.json`, a
     results file that `table.py` reads (`train_s`: start to stop, compiling included;
-    `steps`: the steps each seed trained).
+    `steps`: the steps each seed trained);
+  - `playground`: the same for MuJoCo Playground's CheetahRun and WalkerWalk with
+    Playground's own PPO settings (`PPO_PLAYGROUND_ACCELERATOR`), under
+    `--playground-budget`.
 
 Set `SOURCE_COMMIT` to the commit of the copied tree: a copy without the git history records
 "unknown". `--dry` runs every step with tiny budgets (Brax: the inverted pendulum at CPU
@@ -74,6 +77,10 @@ WHEELS = [
     "ml-collections==1.1.0", "trimesh==5.2.0", "pillow==13.0.0", "jinja2==3.1.6",
     "markupsafe==3.0.3", "flask==3.1.3", "flask-cors==6.0.2", "werkzeug==3.1.8",
     "itsdangerous==2.2.0", "blinker==1.9.0", "click==8.4.0",
+    # the `playground` extra: Playground and what loading a Control Suite task imports (its
+    # warp-lang, 149 MB, is left out: MJX imports it only if present, and runs without it;
+    # lxml, mediapy and ipython too: no run here imports them)
+    "playground==0.2.0", "tqdm==4.70.1",
 ]
 """Every wheel a run needs beside jax, jaxlib, numpy and scipy (and ml_dtypes and opt_einsum,
 which come with jax): pip installs them with `--no-deps`, so the list is complete. Left out,
@@ -88,7 +95,7 @@ PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x
              "manylinux1_x86_64"]
 """pip matches a wheel's platform tag exactly: every manylinux tag a wheel above is built for."""
 
-PASSES = ["speed", "vs", "cli", "learning", "brax"]
+PASSES = ["speed", "vs", "cli", "learning", "brax", "playground"]
 BRAX_TASKS = [("brax/ant", ["--num-envs", "4096"], 0.5),
               ("brax/halfcheetah", [], 0.25),
               ("brax/hopper", None, 0.25)]
@@ -98,6 +105,12 @@ BRAX_DRY = [("brax/inverted_pendulum", ["--num-envs", "8", "--num-steps", "8",
                                         "--num-minibatches", "2", "--total-timesteps",
                                         "1000000"], 1.0)]
 """The same plumbing at CPU scale, stopped by its limit long before its budget of steps."""
+PLAYGROUND_TASKS = [("playground/CheetahRun", [], 0.5), ("playground/WalkerWalk", [], 0.5)]
+"""(task, flags beside its preset, share of `--playground-budget`): Playground's own PPO
+settings (`PPO_PLAYGROUND_ACCELERATOR`)."""
+PLAYGROUND_DRY = [("playground/CartpoleBalance", ["--num-envs", "8", "--num-steps", "16",
+                                                  "--num-minibatches", "2",
+                                                  "--total-timesteps", "1000000"], 1.0)]
 
 
 def download(folder: str, python_version: str, also: list):
@@ -217,19 +230,22 @@ def python_steps(name: str, args, results: str) -> list:
     raise ValueError(name)
 
 
-def brax_pass(log: Log, env: dict, args, results: str):
-    """`brax`: each task from the command line under its share of the budget, then its
-    curves as a results file."""
+def brax_pass(log: Log, env: dict, args, results: str, playground: bool = False):
+    """`brax` (`playground`): each task from the command line under its share of the budget,
+    then its curves as a results file."""
     from common.presets import PPO_BRAX_ACCELERATOR
 
     accelerator = [word for name in ("num_envs", "num_steps", "num_minibatches",
                                      "total_timesteps")
                    for word in (f"--{name.replace('_', '-')}", str(PPO_BRAX_ACCELERATOR[name]))]
-    for env_id, flags, share in BRAX_DRY if args.dry else BRAX_TASKS:
+    tasks = (PLAYGROUND_DRY if args.dry else PLAYGROUND_TASKS) if playground else \
+        (BRAX_DRY if args.dry else BRAX_TASKS)
+    budget = args.playground_budget if playground else args.brax_budget
+    for env_id, flags, share in tasks:
         log_dir = tempfile.mkdtemp(prefix="accelerator-brax-")
         command = ["algos/ppo.py", "--env-id", env_id, "--num-seeds", str(args.brax_seeds),
                    *(accelerator if flags is None else flags)]
-        limit_s = share * args.brax_budget
+        limit_s = share * budget
         wall = run_step(log, env, limit_s, [sys.executable, *command, "--log-dir", log_dir],
                         stop=signal.SIGINT)
         log.write(brax_record(command, log_dir, limit_s, wall, results) + "\n")
@@ -287,8 +303,8 @@ def run(args, passes: list):
                              "jax.devices())"])
     for name in passes:
         log.write(f"=== pass {name}{' (dry)' if args.dry else ''}\n")
-        if name == "brax":
-            brax_pass(log, env, args, results)
+        if name in ("brax", "playground"):
+            brax_pass(log, env, args, results, playground=name == "playground")
             continue
         steps = python_steps(name, args, results)
         if not steps:
@@ -319,11 +335,17 @@ def main():
     parser.add_argument("--brax-budget", type=float, default=None,
                         help="seconds for the three Brax tasks together, compiling included "
                              "(default 540; 60 with --dry)")
-    parser.add_argument("--brax-seeds", type=int, default=4)
+    parser.add_argument("--brax-seeds", type=int, default=4,
+                        help="seeds of each Brax and Playground task")
+    parser.add_argument("--playground-budget", type=float, default=None,
+                        help="seconds for the two Playground tasks together, compiling "
+                             "included (default 540; 60 with --dry)")
     parser.add_argument("--dry", action="store_true", help="every step with tiny budgets")
     args = parser.parse_args()
     if args.brax_budget is None:
         args.brax_budget = 60.0 if args.dry else 540.0
+    if args.playground_budget is None:
+        args.playground_budget = 60.0 if args.dry else 540.0
 
     steps, passes = args.steps, []
     if "run" in steps:

@@ -110,6 +110,11 @@ def test_the_accelerator_wheels_are_the_pins_but_what_the_machine_brings():
     names = [w.split("==")[0] for w in wheels]
     assert pins <= set(wheels), pins - set(wheels)
     assert len(names) == len(set(names)) and not machine & set(names)
+    # the `playground` extra, but what no run imports (warp-lang: 149 MB, optional for MJX)
+    left_out = {"warp-lang", "lxml", "mediapy", "ipython"}
+    playground = {r.lower() for r in project["optional-dependencies"]["playground"]
+                  if r.split("==")[0].lower() not in left_out}
+    assert playground <= set(wheels), playground - set(wheels)
 
 
 def test_an_accelerator_step_stops_at_its_limit_with_the_processes_it_started(tmp_path):
