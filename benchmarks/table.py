@@ -28,7 +28,8 @@ from common.host.logger import final_return  # noqa: E402
 ENVS = ["CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCarContinuous-v0",
         "Breakout-MinAtar", "SpaceInvaders-MinAtar", "Asterix-MinAtar", "Freeway-MinAtar",
         "MaskedCartPole-v1", "MaskedPendulum-v1", "MemoryChain-bsuite",
-        "brax/inverted_pendulum", "brax/hopper", "brax/halfcheetah", "brax/ant"]
+        "brax/inverted_pendulum", "brax/hopper", "brax/halfcheetah", "brax/ant",
+        "playground/CartpoleBalance"]
 ALGOS = ["ppo", "a2c", "impala"]
 
 CLEANRL = "CleanRL `docs/rl-algorithms/ppo.md` (3 seeds, 5e5 steps)"
@@ -61,6 +62,11 @@ REFERENCES = {
     "Freeway-MinAtar": [("gymnax PPO", "58", GYMNAX), ("AC(λ)", "~47.5", MINATAR)],
     "brax/inverted_pendulum": [("the maximum", "1000", "Brax `inverted_pendulum`: reward 1 "
                                 "per step, episodes of at most 1000 steps")],
+    "playground/CartpoleBalance": [
+        ("Playground PPO", "~950", "MuJoCo Playground's training plots (2048 envs, 6e7 steps), "
+         "as read by SLM-Lab `docs/BENCHMARKS.md`; the paper's own figure not checked here"),
+        ("the maximum", "1000", "the Control Suite's rewards, at most 1 per step, episodes "
+         "of 1000 steps")],
 }
 
 
