@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from common.envs import gymnax_spaces
+from common.envs import TimeLimitAutoReset, gymnax_spaces
 
 
 class BraxParams(NamedTuple):
@@ -43,7 +43,7 @@ class BraxState(NamedTuple):
     """Steps taken in the current episode, int32."""
 
 
-class BraxEnv:
+class BraxEnv(TimeLimitAutoReset):
     """A Brax environment with gymnax's methods (see the module docstring)."""
 
     fresh_starts = 1 / 16
@@ -74,21 +74,6 @@ class BraxEnv:
         terminated = jnp.asarray(reached.done) > 0  # some environments give Python floats
         return (reached.obs, BraxState(reached, state.time + 1),
                 jnp.asarray(reached.reward, jnp.float32), terminated, {})
-
-    def is_truncated(self, state: BraxState, params=None):
-        params = self.default_params if params is None else params
-        return state.time >= params.max_steps_in_episode
-
-    def step(self, key, state: BraxState, action, params=None):
-        params = self.default_params if params is None else params
-        obs, state, reward, terminated, _ = self.step_env(key, state, action, params)
-        truncated = jnp.logical_and(self.is_truncated(state, params), ~terminated)
-        done = jnp.logical_or(terminated, truncated)
-        reset_obs, reset_state = self.reset(key, params)
-        reached_obs = obs
-        state = jax.tree.map(lambda fresh, kept: jnp.where(done, fresh, kept), reset_state, state)
-        obs = jnp.where(done, reset_obs, obs)
-        return obs, state, reward, terminated, truncated, {"final_observation": reached_obs}
 
     @functools.cached_property
     def observation_size(self) -> int:

@@ -17,6 +17,7 @@ import os
 import sys
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 
 
@@ -101,6 +102,29 @@ class MaskedObservation:
 
     def action_space(self, params):
         return self.env.action_space(params)
+
+
+class TimeLimitAutoReset:
+    """gymnax's `is_truncated` and auto-resetting `step` for a wrapper (Brax, Playground) that
+    defines `reset(key, params)`, `step_env(key, state, action, params)` (one step, no reset)
+    and a state with a step counter `time`, truncated at `params.max_steps_in_episode`."""
+
+    def is_truncated(self, state, params=None):
+        params = self.default_params if params is None else params
+        return state.time >= params.max_steps_in_episode
+
+    def step(self, key, state, action, params=None):
+        """One step; where the episode ended (terminated, or truncated by the time limit), a
+        fresh start drawn with `key`, and the observation reached in
+        `info["final_observation"]`."""
+        params = self.default_params if params is None else params
+        reached_obs, state, reward, terminated, _ = self.step_env(key, state, action, params)
+        truncated = jnp.logical_and(self.is_truncated(state, params), ~terminated)
+        done = jnp.logical_or(terminated, truncated)
+        reset_obs, reset_state = self.reset(key, params)
+        state = jax.tree.map(lambda fresh, kept: jnp.where(done, fresh, kept), reset_state, state)
+        obs = jnp.where(done, reset_obs, reached_obs)
+        return obs, state, reward, terminated, truncated, {"final_observation": reached_obs}
 
 
 @functools.cache

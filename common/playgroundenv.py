@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from common.envs import gymnax_spaces, playground_tasks
+from common.envs import TimeLimitAutoReset, gymnax_spaces, playground_tasks
 
 def menagerie_path() -> str:
     """Where Playground looks for MuJoCo Menagerie's robot models."""
@@ -80,7 +80,7 @@ class PlaygroundState(NamedTuple):
     """Steps taken in the current episode, int32."""
 
 
-class PlaygroundEnv:
+class PlaygroundEnv(TimeLimitAutoReset):
     """A Playground environment with gymnax's methods (see the module docstring)."""
 
     fresh_starts = 1 / 16
@@ -111,21 +111,6 @@ class PlaygroundEnv:
         reached = self.env.step(state.mjx, action)
         return (self.policy_obs(reached.obs), PlaygroundState(reached, state.time + 1),
                 jnp.asarray(reached.reward, jnp.float32), jnp.asarray(reached.done) > 0, {})
-
-    def is_truncated(self, state: PlaygroundState, params=None):
-        params = self.default_params if params is None else params
-        return state.time >= params.max_steps_in_episode
-
-    def step(self, key, state: PlaygroundState, action, params=None):
-        params = self.default_params if params is None else params
-        obs, state, reward, terminated, _ = self.step_env(key, state, action, params)
-        truncated = jnp.logical_and(self.is_truncated(state, params), ~terminated)
-        done = jnp.logical_or(terminated, truncated)
-        reset_obs, reset_state = self.reset(key, params)
-        reached_obs = obs
-        state = jax.tree.map(lambda fresh, kept: jnp.where(done, fresh, kept), reset_state, state)
-        obs = jnp.where(done, reset_obs, obs)
-        return obs, state, reward, terminated, truncated, {"final_observation": reached_obs}
 
     @functools.cached_property
     def observation_size(self) -> int:
