@@ -113,6 +113,8 @@ CATALOGUE = [
     ("ppo", ["--learning-rate", "0"], "--learning-rate must be > 0"),
     ("ppo", ["--learning-rate", "-1e-3"], "--learning-rate must be > 0"),
     ("ppo", ["--gamma", "1.5"], "--gamma must be in [0, 1]"),
+    ("a2c", ["--fresh-starts", "0"], "--fresh-starts must be in (0, 1] (or None), got 0.0."),
+    ("impala", ["--fresh-starts", "1.5"], "--fresh-starts must be in (0, 1] (or None)"),
     ("a2c", ["--rms-decay", "1.0"], "--rms-decay must be in [0, 1)"),
     ("impala", ["--rms-decay", "0.99999999"], "which rounds to 1.0 in float32"),
     ("impala", ["--actor-lag", "-1"], "--actor-lag must be >= 0"),
