@@ -42,6 +42,25 @@ def test_shuffled_minibatches_cover_the_batch_once():
         shuffled_minibatches(jax.random.PRNGKey(0), batch, 5)
 
 
+def test_shuffled_minibatches_move_every_leaf_whatever_its_dtype_by_the_one_permutation():
+    """The leaves travel packed, one gather per dtype: each must come back exactly as its own
+    gather by the permutation would give it, dtype and shape included."""
+    from common.minibatch import permutation, shuffled_minibatches
+
+    key = jax.random.PRNGKey(3)
+    batch = (None, {"obs": jnp.arange(8 * 2 * 3, dtype=jnp.float32).reshape(8, 2, 3) / 7,
+                    "action": 7 * jnp.arange(8, dtype=jnp.int32) - 20,
+                    "first": jnp.arange(8) % 3 == 0,
+                    "bits": jnp.arange(8, dtype=jnp.uint8)[:, None] * jnp.ones(4, jnp.uint8)})
+    got = shuffled_minibatches(key, batch, 2)
+    order = np.asarray(permutation(key, 8))
+    want = jax.tree.map(lambda x: np.asarray(x)[order].reshape((2, 4) + x.shape[1:]), batch)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(g, w)
+
+
 def test_flat_optimizer_and_sgd_scan_equal_the_optimiser_on_the_tree_also_beside_masked():
     """`flat_optimizer` (PPO's clipping and Adam on one flat vector) gives the parameters of
     the same optimiser on the tree, over several SGD steps, also under `vmap`; a

@@ -33,3 +33,20 @@ def test_packed_scan_equals_lax_scan_on_mixed_dtypes_and_packing_round_trips():
     stacked = jax.tree.map(lambda x: jnp.stack([x, x + 1]), init)  # a leading axis
     for g, w in zip(jax.tree.leaves(unpack(pack(stacked))), jax.tree.leaves(stacked)):
         np.testing.assert_array_equal(g, w)
+
+
+def test_packed_scan_is_lax_scan_itself_where_the_program_is_not_for_a_cpu(monkeypatch):
+    """Packing pays on XLA:CPU only; traced for another backend, the program is `lax.scan`'s
+    (on a TPU, unpacking re-lays out every leaf at every step)."""
+    from jax import lax
+
+    from common.scan import packed_scan
+
+    def step(carry, x):
+        return (carry[0] + x, carry[1] * 2), carry[0] * x
+
+    init, xs = (jnp.zeros(3), jnp.int32(1)), jnp.arange(12.0).reshape(4, 3)
+    plain = str(jax.make_jaxpr(lambda i, x: lax.scan(step, i, x))(init, xs))
+    assert str(jax.make_jaxpr(lambda i, x: packed_scan(step, i, x))(init, xs)) != plain
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    assert str(jax.make_jaxpr(lambda i, x: packed_scan(step, i, x))(init, xs)) == plain
