@@ -300,14 +300,14 @@ def make_train(config: Config):
                           obs.astype(jnp.float32), jnp.zeros(num_envs, jnp.float32),
                           jnp.zeros(num_envs, jnp.int32), key)
 
-    def env_step(state: TrainState, key):
-        """Act once in every environment; gymnax resets those whose episode ended."""
-        key_act, key_env = jax.random.split(key)
+    def env_step(state: TrainState, keys):
+        """Act once in every environment (`keys`: the action's, then one per environment)."""
+        key_act, keys = keys[0], keys[1:]
         pi, value = network.apply(state.params, state.obs)
         action, log_prob = pi.sample_and_log_prob(seed=key_act)
         env_action = action if discrete else jnp.clip(action, space.low, space.high)  # env only
         obs, env_state, reward, terminated, truncated, info = step_envs(
-            jax.random.split(key_env, num_envs), state.env_state, env_action, env_params)
+            keys, state.env_state, env_action, env_params)
         terminated = terminated.astype(bool)
         truncated = truncated.astype(bool) & ~terminated  # a step is one or the other
         done, reward = terminated | truncated, reward.astype(jnp.float32)
@@ -329,7 +329,8 @@ def make_train(config: Config):
         key, key_rollout, key_epochs = jax.random.split(state.key, 3)
 
         # COLLECT TRAJECTORIES with the current policy
-        state, traj = lax.scan(env_step, state, jax.random.split(key_rollout, config.num_steps))
+        keys = jax.random.split(key_rollout, (config.num_steps, 1 + num_envs))  # all at once
+        state, traj = lax.scan(env_step, state, keys)
 
         # ADVANTAGES: GAE, bootstrapping from V of the true next observation
         next_value = network.apply(state.params, traj.next_obs)[1]

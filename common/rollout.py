@@ -169,13 +169,12 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
         key, key_pool = jax.random.split(key)
         pool = draw_start_pool(env, env_params, key_pool, start_pool)
 
-    def one_step(carry, key):
+    def one_step(carry, keys):
         state, used = carry
-        key_act, key_env = jax.random.split(key)
+        key_act, keys = keys[0], keys[1:]  # the policy's key, and one per environment
         first = state.episode_length == 0
         action, policy_info, hidden = policy(key_act, state.obs, first, state.hidden)
         env_action = to_env_action(action, spec, action_shape)
-        keys = jax.random.split(key_env, num_envs)
         if start_pool:  # step without resetting, then restart the finished from the pool
             obs, env_state, reward, terminated, info = step_env(keys, state.env_state,
                                                                 env_action, env_params)
@@ -203,9 +202,11 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
                          state.discounted_return, hidden)
         return (state, used), transition
 
+    # Every step's keys, drawn before the loop in one call: [T, 1 + N] (a hash inside the loop
+    # is a chain of dependent operations, at every step)
+    step_keys = jax.random.split(key, (num_steps, 1 + num_envs))
     # = lax.scan(one_step, ...), with the carry and the transitions packed (speed on CPU only)
-    (state, _), trajectory = packed_scan(one_step, (state, jnp.int32(0)),
-                                         jax.random.split(key, num_steps))
+    (state, _), trajectory = packed_scan(one_step, (state, jnp.int32(0)), step_keys)
     return state, trajectory
 
 
