@@ -113,6 +113,37 @@ def load_reference(path, file: str = "ppo.py"):
     return module
 
 
+def configs(total_timesteps: int, recurrent: bool = False, brax: str | None = None):
+    """`(config, file, ref_config)`: our PPO's `Config`, the PureJaxRL file to compare with and
+    its config dict, the same run in both (the module docstring says which)."""
+    if recurrent:
+        config = Config(total_timesteps=total_timesteps, network="gru", hidden_size=128,
+                        activation="relu")
+        file = "ppo_rnn.py"
+    elif brax:
+        env_id = f"brax/{brax}"
+        sizes = {k: v for k, v in preset("ppo", env_id).items()
+                 if k in ("num_envs", "num_steps", "num_minibatches", "update_epochs")}
+        config = Config(env_id=env_id, total_timesteps=total_timesteps, hidden_size=256,
+                        learning_rate=3e-4, anneal_lr=False, ent_coef=0.0, normalize_obs=True,
+                        normalize_reward=True, brax_backend="positional", **sizes)
+        file = "ppo_continuous_action.py"
+    else:
+        config = Config(total_timesteps=total_timesteps)
+        file = "ppo.py"
+    ref_config = {
+        "LR": config.learning_rate, "NUM_ENVS": config.num_envs, "NUM_STEPS": config.num_steps,
+        "TOTAL_TIMESTEPS": config.total_timesteps, "UPDATE_EPOCHS": config.update_epochs,
+        "NUM_MINIBATCHES": config.num_minibatches, "GAMMA": config.gamma,
+        "GAE_LAMBDA": config.gae_lambda, "CLIP_EPS": config.clip_coef,
+        "ENT_COEF": config.ent_coef, "VF_COEF": config.vf_coef,
+        "MAX_GRAD_NORM": config.max_grad_norm, "ACTIVATION": config.activation,
+        "ENV_NAME": brax or config.env_id, "ANNEAL_LR": config.anneal_lr, "DEBUG": False,
+        **({"NORMALIZE_ENV": True} if brax else {}),
+    }
+    return config, file, ref_config
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reference", required=True, help="folder holding PureJaxRL's ppo.py")
@@ -141,32 +172,8 @@ def main():
             parser.error("--threads: JAX's CPU backend has already started in this process")
         os.environ["NPROC"] = str(args.threads)  # read when the backend starts, below
 
-    if args.recurrent:
-        config = Config(total_timesteps=args.total_timesteps, network="gru", hidden_size=128,
-                        activation="relu")
-        file = "ppo_rnn.py"
-    elif args.brax:
-        env_id = f"brax/{args.brax}"
-        sizes = {k: v for k, v in preset("ppo", env_id).items()
-                 if k in ("num_envs", "num_steps", "num_minibatches", "update_epochs")}
-        config = Config(env_id=env_id, total_timesteps=args.total_timesteps, hidden_size=256,
-                        learning_rate=3e-4, anneal_lr=False, ent_coef=0.0, normalize_obs=True,
-                        normalize_reward=True, brax_backend="positional", **sizes)
-        file = "ppo_continuous_action.py"
-    else:
-        config = Config(total_timesteps=args.total_timesteps)
-        file = "ppo.py"
+    config, file, ref_config = configs(args.total_timesteps, args.recurrent, args.brax)
     reference = load_reference(args.reference, file)
-    ref_config = {
-        "LR": config.learning_rate, "NUM_ENVS": config.num_envs, "NUM_STEPS": config.num_steps,
-        "TOTAL_TIMESTEPS": config.total_timesteps, "UPDATE_EPOCHS": config.update_epochs,
-        "NUM_MINIBATCHES": config.num_minibatches, "GAMMA": config.gamma,
-        "GAE_LAMBDA": config.gae_lambda, "CLIP_EPS": config.clip_coef,
-        "ENT_COEF": config.ent_coef, "VF_COEF": config.vf_coef,
-        "MAX_GRAD_NORM": config.max_grad_norm, "ACTIVATION": config.activation,
-        "ENV_NAME": args.brax or config.env_id, "ANNEAL_LR": config.anneal_lr, "DEBUG": False,
-        **({"NORMALIZE_ENV": True} if args.brax else {}),
-    }
     keys = jax.random.split(jax.random.PRNGKey(0), args.seeds)
     # Ours runs as our command line does, with Threefry lowered without its CPU loop
     # (common/host/prng.py, the same bits); PureJaxRL as shipped uses JAX's default.

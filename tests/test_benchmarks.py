@@ -213,3 +213,26 @@ def test_the_benchmarks_read_a_summary_line_without_a_final_return():
         figures = summary_figures(line)
         assert figures["sps"] == 31883 and figures["train"] == 0.1, figures
         np.testing.assert_equal(figures["mean"], mean)
+
+
+def test_the_profile_reads_only_the_devices_xla_ops_from_a_trace(tmp_path):
+    import gzip
+
+    from benchmarks.profile_vs_purejaxrl import device_ops
+
+    meta = lambda pid, name, tid=None: {  # noqa: E731
+        "ph": "M", "pid": pid, "name": "thread_name" if tid else "process_name",
+        **({"tid": tid} if tid else {}), "args": {"name": name}}
+    op = lambda pid, tid, name, dur: {  # noqa: E731
+        "ph": "X", "pid": pid, "tid": tid, "ts": 0, "dur": dur, "name": name,
+        "args": {"long_name": f"%{name} = f32[4]"}}
+    events = [meta(1, "/host:CPU"), meta(1, "python", 5), meta(3, "/device:TPU:0"),
+              meta(3, "XLA Ops", 3), meta(3, "XLA Modules", 2),
+              op(3, 3, "gather", 10.0), op(3, 3, "fusion", 4.0), op(3, 3, "gather", 5.0),
+              op(3, 2, "jit_train", 100.0), op(1, 5, "host_work", 50.0)]
+    path = tmp_path / "t.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    ops = device_ops(str(path), top=5)
+    assert [(o["op"], o["us"], o["n"]) for o in ops] == [("gather", 15.0, 2), ("fusion", 4.0, 1)]
+    assert ops[0]["hlo"] == "%gather = f32[4]"
