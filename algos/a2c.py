@@ -29,8 +29,8 @@ What differs from the paper, following OpenAI Baselines' `a2c` and Stable-Baseli
 - the value loss carries a factor 0.5 (as in `ppo.py`); Baselines and SB3 use the plain mean
   squared error, so their `vf_coef` equals ours / 2 for the same gradient.
 
-From Python (needs only `common/` modules `envs`, `rollout`, `scan`, `gae`, `normalize`,
-`distributed`, `nn`, `minibatch` and `validate`; `docs/copying.md`):
+From Python (needs only `common/` modules `envs`, `rollout`, `scan`, `threefry`, `gae`,
+`normalize`, `distributed`, `nn`, `minibatch` and `validate`; `docs/copying.md`):
 
     train = make_train(Config(env_id="CartPole-v1"))
     state, metrics = jax.jit(train)(jax.random.PRNGKey(0))

@@ -34,8 +34,8 @@ What differs from the paper:
 `vtrace = False` keeps everything else and drops the correction (`log_rhos = 0`: the
 "no-correction" baseline of the paper's Sec. 5.3), for ablations.
 
-From Python (needs only `common/` modules `envs`, `rollout`, `scan`, `vtrace`, `normalize`,
-`distributed`, `nn`, `minibatch` and `validate`; `docs/copying.md`):
+From Python (needs only `common/` modules `envs`, `rollout`, `scan`, `threefry`, `vtrace`,
+`normalize`, `distributed`, `nn`, `minibatch` and `validate`; `docs/copying.md`):
 
     train = make_train(Config(env_id="CartPole-v1"))
     state, metrics = jax.jit(train)(jax.random.PRNGKey(0))

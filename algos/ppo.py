@@ -19,8 +19,8 @@ al. (2022), "The 37 Implementation Details of PPO" (ICLR blog track), and matchi
   a terminal state (Pardo et al. 2018, arXiv:1712.00378) -- see `common/gae.py`;
 - optional early stop of an update's epochs when the approximate KL exceeds `target_kl`.
 
-From Python (needs only `common/` modules `envs`, `rollout`, `scan`, `gae`, `normalize`,
-`distributed`, `nn`, `minibatch` and `validate`; `docs/copying.md`):
+From Python (needs only `common/` modules `envs`, `rollout`, `scan`, `threefry`, `gae`,
+`normalize`, `distributed`, `nn`, `minibatch` and `validate`; `docs/copying.md`):
 
     train = make_train(Config(env_id="CartPole-v1"))
     state, metrics = jax.jit(train)(jax.random.PRNGKey(0))

@@ -18,12 +18,15 @@ import optax
 from jax import lax
 
 from common.scan import packing
+from common.threefry import straight_keys
 
 
 def permutation(key, n: int):
-    """A uniform permutation of `range(n)`, int32 [n]: the packed sort on CPU, else jax's."""
-    return lax.platform_dependent(key, cpu=lambda k: packed_sort_permutation(k, n),
-                                  default=lambda k: jax.random.permutation(k, n))
+    """A uniform permutation of `range(n)`, int32 [n]: the packed sort on CPU (its bits hashed
+    in straight-line code, `common/threefry.py`), else jax's."""
+    return lax.platform_dependent(
+        key, cpu=lambda k: packed_sort_permutation(straight_keys(k), n),
+        default=lambda k: jax.random.permutation(k, n))
 
 
 def packed_sort_permutation(key, n: int):

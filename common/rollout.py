@@ -31,6 +31,7 @@ import jax.numpy as jnp
 
 from common.envs import EnvSpec, to_env_action
 from common.scan import packed_scan
+from common.threefry import raw_keys, straight_keys
 
 
 class EnvState(NamedTuple):
@@ -139,6 +140,16 @@ def restart_from_pool(done, obs, env_state, pool: StartPool, used):
             used + jnp.sum(done, dtype=jnp.int32), done & (slot >= size))
 
 
+def keeps_keys(env, env_params, key) -> bool:
+    """Whether the state `env.reset` makes from a `common.threefry` key holds a typed key
+    (found abstractly, by `jax.eval_shape`); False where keys are not wrapped."""
+    typed = straight_keys(key)
+    if typed is key:
+        return False
+    state = jax.eval_shape(lambda k: env.reset(k, env_params)[1], typed)
+    return any(jnp.issubdtype(x.dtype, jax.dtypes.prng_key) for x in jax.tree.leaves(state))
+
+
 def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, key,
             num_steps: int, fresh_starts: float | None = None):
     """Act `num_steps` times in every environment.
@@ -171,7 +182,9 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
 
     def one_step(carry, keys):
         state, used = carry
-        key_act, keys = keys[0], keys[1:]  # the policy's key, and one per environment
+        # the policy's key and one per environment; on CPU hashed in straight-line code
+        # (common/threefry.py: the same bits)
+        key_act, keys = straight_keys(keys[0]), env_keys(keys[1:])
         first = state.episode_length == 0
         action, policy_info, hidden = policy(key_act, state.obs, first, state.hidden)
         env_action = to_env_action(action, spec, action_shape)
@@ -204,7 +217,10 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
 
     # Every step's keys, drawn before the loop in one call: [T, 1 + N] (a hash inside the loop
     # is a chain of dependent operations, at every step)
-    step_keys = jax.random.split(key, (num_steps, 1 + num_envs))
+    step_keys = raw_keys(jax.random.split(straight_keys(key), (num_steps, 1 + num_envs)))
+    # An environment whose state keeps a key (Playground's `info["rng"]`) gets JAX's own keys,
+    # so that its state holds the raw keys the carry holds.
+    env_keys = (lambda keys: keys) if keeps_keys(env, env_params, key) else straight_keys
     # = lax.scan(one_step, ...), with the carry and the transitions packed (speed on CPU only)
     (state, _), trajectory = packed_scan(one_step, (state, jnp.int32(0)), step_keys)
     return state, trajectory

@@ -18,6 +18,8 @@ import jax
 from jax.extend.random import threefry2x32_p
 from jax.interpreters import mlir
 
+from common.threefry import MEASURED_ON
+
 try:  # JAX's lowerings: straight-line (GPU/TPU) and looped (its CPU default).
     from jax._src.random.threefry2x32 import (
         _threefry2x32_cpu_lowering_rule as _LOOPED,
@@ -25,13 +27,6 @@ try:  # JAX's lowerings: straight-line (GPU/TPU) and looped (its CPU default).
     )
 except ImportError:  # another JAX layout: keep its default lowering
     _LOOPED = _UNROLLED = None
-
-MEASURED_ON = ("0.10.",)
-"""The JAX releases on which the straight-line lowering was measured to pay (the pinned 0.10.2).
-With jax 0.11.2 on CPU it made `jit(vmap(train))` of PPO on CartPole (2 seeds) compile for over
-five minutes, where the looped default took 6.8 s (one seed: 7.7 s against 4.1 s), so on other
-releases JAX's default stays."""
-
 
 def unroll_threefry_on_cpu(enabled: bool = True) -> bool:
     """Lower Threefry on CPU without its loop (`enabled=False`: JAX's default again).
