@@ -21,7 +21,6 @@ for TensorBoard's or XProf's profile viewer). `--lowering-profile` also runs Pyt
 Run it on the accelerator, in a process of its own (one process holds a TPU).
 """
 
-import argparse
 import cProfile
 import collections
 import glob
@@ -39,7 +38,8 @@ import jax
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from algos.ppo import make_train  # noqa: E402
 from benchmarks.configs import source_commit, time_in_alternation  # noqa: E402
-from benchmarks.vs_purejaxrl import configs, load_reference  # noqa: E402
+from benchmarks.vs_purejaxrl import (  # noqa: E402
+    comparison_parser, configs, load_reference, parse_comparison)
 from common.host.options import whole_number  # noqa: E402
 
 
@@ -65,15 +65,9 @@ def device_ops(trace_json: str, top: int):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--reference", required=True, help="folder holding PureJaxRL's ppo.py")
-    parser.add_argument("--seeds", type=int, default=1)
+    parser = comparison_parser(__doc__)
     parser.add_argument("--updates", type=whole_number, default=16,
                         help="updates each program runs (the trace holds all of them)")
-    parser.add_argument("--recurrent", action="store_true",
-                        help="recurrent PPO against PureJaxRL's ppo_rnn.py")
-    parser.add_argument("--brax", default=None, metavar="NAME",
-                        help="PPO on brax/NAME against PureJaxRL's ppo_continuous_action.py")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--top", type=int, default=40, help="device ops to keep per program")
     parser.add_argument("--lowering-profile", action="store_true",
@@ -81,11 +75,9 @@ def main():
     parser.add_argument("--keep-trace", default=None, metavar="DIR",
                         help="keep the traces (xplane.pb and trace.json.gz) under DIR")
     parser.add_argument("--out", default="benchmarks/results/profile_vs_purejaxrl.json")
-    args = parser.parse_args()
-    if args.recurrent and args.brax:
-        parser.error("--recurrent and --brax compare different PureJaxRL files; pick one")
-    if args.seeds < 1 or args.repeats < 1 or args.top < 1:
-        parser.error("--seeds, --repeats and --top must be at least 1")
+    args = parse_comparison(parser)
+    if args.repeats < 1 or args.top < 1:
+        parser.error("--repeats and --top must be at least 1")
 
     batch, _, _ = configs(10**9, args.recurrent, args.brax)  # only its batch size
     config, file, ref_config = configs(args.updates * batch.batch_size, args.recurrent,

@@ -113,6 +113,28 @@ def load_reference(path, file: str = "ppo.py"):
     return module
 
 
+def comparison_parser(doc: str) -> argparse.ArgumentParser:
+    """The flags that pick a comparison: `--reference`, `--seeds`, `--recurrent`, `--brax`."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--reference", required=True, help="folder holding PureJaxRL's ppo.py")
+    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--recurrent", action="store_true",
+                        help="recurrent PPO against PureJaxRL's ppo_rnn.py")
+    parser.add_argument("--brax", default=None, metavar="NAME",
+                        help="PPO on brax/NAME against PureJaxRL's ppo_continuous_action.py")
+    return parser
+
+
+def parse_comparison(parser: argparse.ArgumentParser):
+    """`parser`'s arguments, with the choice of comparison checked."""
+    args = parser.parse_args()
+    if args.recurrent and args.brax:
+        parser.error("--recurrent and --brax compare different PureJaxRL files; pick one")
+    if args.seeds < 1:
+        parser.error(f"--seeds must be at least 1, got {args.seeds}")
+    return args
+
+
 def configs(total_timesteps: int, recurrent: bool = False, brax: str | None = None):
     """`(config, file, ref_config)`: our PPO's `Config`, the PureJaxRL file to compare with and
     its config dict, the same run in both (the module docstring says which)."""
@@ -145,22 +167,14 @@ def configs(total_timesteps: int, recurrent: bool = False, brax: str | None = No
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--reference", required=True, help="folder holding PureJaxRL's ppo.py")
-    parser.add_argument("--seeds", type=int, default=1)
+    parser = comparison_parser(__doc__)
     parser.add_argument("--total-timesteps", type=whole_number, default=500_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0,
                         help="XLA:CPU thread-pool size (NPROC) for both; 0: XLA's default")
-    parser.add_argument("--recurrent", action="store_true",
-                        help="recurrent PPO against PureJaxRL's ppo_rnn.py")
-    parser.add_argument("--brax", default=None, metavar="NAME",
-                        help="PPO on brax/NAME against PureJaxRL's ppo_continuous_action.py")
     parser.add_argument("--out", default=None, help="default: benchmarks/results/"
                         "vs_purejaxrl.json (_rnn with --recurrent, _brax-NAME with --brax)")
-    args = parser.parse_args()
-    if args.recurrent and args.brax:
-        parser.error("--recurrent and --brax compare different PureJaxRL files; pick one")
+    args = parse_comparison(parser)
     if args.out is None:
         suffix = "_rnn" if args.recurrent else f"_brax-{args.brax}" if args.brax else ""
         args.out = f"benchmarks/results/vs_purejaxrl{suffix}.json"
