@@ -12,13 +12,13 @@ Steps, run in the order given:
   extra with theirs, at the versions tested here; about 40 MB) for CPython 3.11 on manylinux
   x86-64 into `--wheels` (default `.whl/`, ignored by git), to carry with the checkout. jax,
   jaxlib, numpy and scipy are left out: an accelerator machine has its own build of them.
-  `--also NAME==VERSION ...` adds wheels (PureJaxRL, for the `vs` pass, imports all of
+  `--also NAME==VERSION ...` adds wheels (PureJaxRL, for the `vs` passes, imports all of
   gymnax, which needs matplotlib, pandas and seaborn).
 - `install` installs them offline: `pip install --no-index --no-deps --target SITE` (`--site`,
   default `/tmp/onpolicy-site`). For commands of your own afterwards, put SITE at the end of
   PYTHONPATH, after this checkout, so that the machine's own jax stays first:
   `export PYTHONPATH=$PYTHONPATH:$PWD:/tmp/onpolicy-site`. `run` does that for its steps.
-- `run [PASS ...]` (default: all six) runs each pass's steps in fresh processes, each under
+- `run [PASS ...]` (default: all seven) runs each pass's steps in fresh processes, each under
   its own time limit (so that one slow step cannot eat the others' time), prints what they
   print and keeps it in `OUT/log.txt`, and has them write their raw files to `OUT/results/`
   (`--out`, default `benchmarks/out/`, ignored by git). Copy the files to keep into
@@ -27,8 +27,10 @@ Steps, run in the order given:
   - `speed`: `speed.py`, PPO on CartPole with 1, 8, 32 and 128 vmapped seeds, IMPALA with 1
     and 32;
   - `vs`: `vs_purejaxrl.py`, our PPO against PureJaxRL (`--purejaxrl DIR`, the folder that
-    holds its `ppo.py`; skipped without it): CartPole with one seed and with 128, Brax
-    Hopper with 4, recurrent PPO;
+    holds its `ppo.py`; skipped without it): CartPole with 1, 256 and 1,024 vmapped seeds
+    (5e5, 5e4 and 2.5e4 steps each, the rows of docs/performance.md's TPU table);
+  - `vs-brax`: the same script on Brax Ant (4 seeds x 2048 envs, 8.2e5 steps each) and
+    recurrent PPO on `ppo_rnn.py`'s config;
   - `cli`: `cli_overhead.py`, the command line against the program it compiles (1 and 32
     seeds), then the default command from start to exit, with an empty and a warm
     compilation cache;
@@ -95,7 +97,7 @@ PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x
              "manylinux1_x86_64"]
 """pip matches a wheel's platform tag exactly: every manylinux tag a wheel above is built for."""
 
-PASSES = ["speed", "vs", "cli", "learning", "brax", "playground"]
+PASSES = ["speed", "vs", "vs-brax", "cli", "learning", "brax", "playground"]
 BRAX_TASKS = [("brax/ant", ["--num-envs", "4096"], 0.5),
               ("brax/halfcheetah", [], 0.25),
               ("brax/hopper", None, 0.25)]
@@ -196,21 +198,26 @@ def python_steps(name: str, args, results: str) -> list:
                 (200, [*bench("speed.py"), "--algo", "impala", "--env-id", "CartPole-v1",
                        "--seeds", *(["1", "2"] if args.dry else ["1", "32"]), *budget,
                        "--out-dir", results])]
-    if name == "vs":
+    if name in ("vs", "vs-brax"):
         if not args.purejaxrl:
             return []
-        one, many, brax, rnn, seeds, repeats = ((20000, 4096, 20480, 20000, 4, 1) if args.dry
-                                                else (500000, 500000, 2000000, 100000, 128, 3))
-        vs = [*bench("vs_purejaxrl.py"), "--reference", args.purejaxrl, "--repeats",
-              str(repeats)]
-        return [(120, [*vs, "--total-timesteps", str(one),
-                       "--out", os.path.join(results, "vs_purejaxrl.json")]),
-                (150, [*vs, "--seeds", str(seeds), "--total-timesteps", str(many),
-                       "--out", os.path.join(results, f"vs_purejaxrl__seeds{seeds}.json")]),
-                (200, [*vs, "--brax", "hopper", "--seeds", "4", "--total-timesteps", str(brax),
-                       "--out", os.path.join(results, "vs_purejaxrl_brax-hopper.json")]),
-                (120, [*vs, "--recurrent", "--total-timesteps", str(rnn),
-                       "--out", os.path.join(results, "vs_purejaxrl_rnn.json")])]
+        # dry, on a CPU: one XLA:CPU thread, or PureJaxRL's vmapped orthogonal initialiser can
+        # deadlock jaxlib 0.10.x (docs/performance.md, "Known hazard")
+        vs = [*bench("vs_purejaxrl.py"), "--reference", args.purejaxrl,
+              *(["--repeats", "1", "--threads", "1"] if args.dry else ["--repeats", "3"])]
+        def out(label):
+            return ["--out", os.path.join(results, f"vs_purejaxrl__{label}.json")]
+
+        if name == "vs":  # (limit s, seeds, steps per seed); dry: tiny, 4 seeds at most
+            rows = [(120, 1, 500000), (130, 256, 50000), (150, 1024, 25000)]
+            return [(limit, [*vs, "--seeds", str(min(seeds, 4) if args.dry else seeds),
+                             "--total-timesteps", "20000" if args.dry else str(steps),
+                             *out(f"seeds{seeds}")]) for limit, seeds, steps in rows]
+        brax = ["--brax", "inverted_pendulum", "--seeds", "2", "--total-timesteps", "4096"] \
+            if args.dry else ["--brax", "ant", "--seeds", "4", "--total-timesteps", "819200"]
+        return [(260, [*vs, *brax, *out("brax-inverted_pendulum" if args.dry else "brax-ant")]),
+                (150, [*vs, "--recurrent", *(["--total-timesteps", "20000"] if args.dry else []),
+                       *out("rnn")])]
     if name == "cli":
         steps = "20000" if args.dry else "500000"
         return [(300, [*bench("cli_overhead.py"), "--seeds", "1", "2" if args.dry else "32",
@@ -330,7 +337,7 @@ def main():
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "out"),
                         help="the log and results/ of `run`")
     parser.add_argument("--purejaxrl", default=os.environ.get("PUREJAXRL"),
-                        help="the folder holding PureJaxRL's ppo.py (the `vs` pass); "
+                        help="the folder holding PureJaxRL's ppo.py (the `vs` passes); "
                              "default: $PUREJAXRL")
     parser.add_argument("--brax-budget", type=float, default=None,
                         help="seconds for the three Brax tasks together, compiling included "
