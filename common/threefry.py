@@ -9,8 +9,8 @@ whole process (`common.host.prng.unroll_threefry_on_cpu`); `make_train` changes 
 process-wide setting.
 
 `THREEFRY` is instead a PRNG implementation of its own (`jax.extend.random.define_prng_impl`)
-that computes exactly JAX's default (`threefry2x32` with `jax_threefry_partitionable`, JAX's
-default since 0.5) in plain `jnp` code, so the hash is straight-line wherever it runs. Keys
+that computes exactly JAX's default (`threefry2x32` with `jax_threefry_partitionable`, on in
+the pinned 0.10.2) in plain `jnp` code, so the hash is straight-line wherever it runs. Keys
 wrapped with it (`straight_keys`) give the same bits as the keys they wrap, through every
 `jax.random` function: same numbers, faster on a CPU. For a key with data `(k1, k2)`:
 
@@ -93,13 +93,15 @@ THREEFRY = define_prng_impl(key_shape=(2,), seed=_seed, split=_split, random_bit
 
 def straight_keys(keys):
     """`keys` as `THREEFRY` keys where the program is traced for a CPU with a JAX release on
-    which the straight-line hash was measured to pay (`MEASURED_ON`), else unchanged.
+    which the straight-line hash was measured to pay (`MEASURED_ON`) and JAX's partitionable
+    Threefry on (the bits `THREEFRY` gives), else unchanged.
 
     `keys`: raw Threefry keys (uint32, [..., 2], as `jax.random.PRNGKey` makes them) or typed
     `threefry2x32` keys. Either way every `jax.random` call gives the bits the original keys
     give. Other key kinds (a typed key of another implementation) are returned unchanged."""
-    if jax.default_backend() != "cpu" or not jax.__version__.startswith(MEASURED_ON):
-        return keys  # elsewhere JAX's own hash is straight-line, or not measured to pay
+    if (jax.default_backend() != "cpu" or not jax.__version__.startswith(MEASURED_ON)
+            or not jax.config.jax_threefry_partitionable):
+        return keys  # JAX's own hash is straight-line there, or not measured, or other bits
     if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
         if str(jax.random.key_impl(keys)) != "threefry2x32":
             return keys

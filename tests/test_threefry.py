@@ -53,6 +53,12 @@ def test_straight_keys_take_raw_and_typed_threefry_keys_and_leave_other_kinds_al
     rbg = jax.random.key(5, impl="rbg")
     assert straight_keys(rbg) is rbg
     raw = jax.random.PRNGKey(5)
+    assert straight_keys(raw) is not raw
+    jax.config.update("jax_threefry_partitionable", False)  # other bits: JAX's keys stay
+    try:
+        assert straight_keys(raw) is raw
+    finally:
+        jax.config.update("jax_threefry_partitionable", True)
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")  # JAX's own hash is straight there
     assert straight_keys(raw) is raw
 
