@@ -208,11 +208,12 @@ def python_steps(name: str, args, results: str) -> list:
         def out(label):
             return ["--out", os.path.join(results, f"vs_purejaxrl__{label}.json")]
 
-        if name == "vs":  # (limit s, seeds, steps per seed); dry: tiny, 4 seeds at most
-            rows = [(120, 1, 500000), (130, 256, 50000), (150, 1024, 25000)]
-            return [(limit, [*vs, "--seeds", str(min(seeds, 4) if args.dry else seeds),
-                             "--total-timesteps", "20000" if args.dry else str(steps),
-                             *out(f"seeds{seeds}")]) for limit, seeds, steps in rows]
+        if name == "vs":  # (limit s, seeds, steps per seed); dry: 1, 2, 4 seeds, tiny runs
+            rows = [(120, 1, 500000), (130, 2, 20000), (150, 4, 20000)] if args.dry else \
+                [(120, 1, 500000), (130, 256, 50000), (150, 1024, 25000)]
+            return [(limit, [*vs, "--seeds", str(seeds), "--total-timesteps",
+                             "20000" if args.dry else str(steps), *out(f"seeds{seeds}")])
+                    for limit, seeds, steps in rows]
         brax = ["--brax", "inverted_pendulum", "--seeds", "2", "--total-timesteps", "4096"] \
             if args.dry else ["--brax", "ant", "--seeds", "4", "--total-timesteps", "819200"]
         return [(260, [*vs, *brax, *out("brax-inverted_pendulum" if args.dry else "brax-ant")]),
