@@ -29,6 +29,7 @@ import io
 import json
 import os
 import pstats
+import statistics
 import sys
 import tempfile
 import time
@@ -113,7 +114,7 @@ def main():
         found = glob.glob(os.path.join(folder, "plugins", "profile", "*", "*.trace.json.gz"))
         record[name]["sps"] = sps[name]
         record[name]["device_ops"] = device_ops(found[0], args.top) if found else []
-        print(f"\n{name}: median {sorted(sps[name])[len(sps[name]) // 2]:,.0f} SPS; "
+        print(f"\n{name}: median {statistics.median(sps[name]):,.0f} SPS; "
               f"costliest device ops (total ms, runs, op):")
         for op in record[name]["device_ops"][:15]:
             print(f"  {op['us'] / 1e3:9.2f} {op['n']:7d}  {op['op']}  {op['hlo'][:90]}")
