@@ -45,6 +45,11 @@ From the command line (`common/host/`: seeds, logging, checkpoints, devices; REA
 `python algos/impala.py --env-id CartPole-v1 --num-seeds 4`.
 """
 
+if __name__ == "__main__":  # the command line: Ctrl-C while it loads is one line, exit 130
+    from common.host.starting import STARTING
+
+    STARTING.watch()
+
 import dataclasses
 from typing import Literal, NamedTuple
 

@@ -290,6 +290,26 @@ def test_a_signal_while_compiling_leaves_at_once_with_one_line(signum, tmp_path)
     assert "step" not in out and not glob.glob(str(tmp_path / "*" / checkpoint.LATEST))
 
 
+@pytest.mark.parametrize("algo", ["ppo", "a2c", "impala"])
+def test_ctrl_c_while_the_file_imports_is_the_same_one_line(algo, tmp_path):
+    """Ctrl-C before any of the command line's own code has run, while the algorithm file
+    still imports JAX and the rest (`python -X importtime` says when): the same one line, exit
+    130, not a KeyboardInterrupt traceback."""
+    run = subprocess.Popen([sys.executable, "-X", "importtime", f"algos/{algo}.py",
+                            "--log-dir", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    for line in run.stderr:  # one line per module imported, as each is done
+        if line.split("|")[-1].strip() == "jax":  # JAX loaded, inside distrax's imports
+            break
+    run.send_signal(signal.SIGINT)
+    out, err = run.communicate(timeout=60)
+    lines = [line for line in err.splitlines()
+             if line.strip() and not line.startswith("import time:")]
+    assert run.returncode == 130, err[-2000:]
+    assert lines == ["interrupted while starting; nothing was trained or written"], lines
+    assert out == ""
+
+
 def test_a_train_without_a_piece_the_command_line_needs_is_one_line(tmp_path, monkeypatch,
                                                                     capsys):
     """A copied algorithm file whose `train` lost a piece `common/host/contract.py` lists:

@@ -51,6 +51,7 @@ from common.host.devices import (Layout, differing_processes, fail, fetch, from_
                                  peers_alive, same_everywhere, setup_devices)
 from common.host.flags import flag_of, parse, parse_command  # noqa: F401  (parse: for callers)
 from common.host.options import RESUME_MUST_MATCH, RunOptions
+from common.host.starting import SIGNALS, STARTING, Starting
 
 NAN_BY_DESIGN = ("episodic_return", "episodic_length", "repeated_starts", "explained_variance",
                  "eval_return")
@@ -789,56 +790,6 @@ def first_non_finite(metrics: dict, params, first_update: int):
     return name, update, seed
 
 
-class Starting:
-    """Ctrl-C (or SIGTERM) while a command-line run starts: one line, then exit at once.
-
-    Before training, nothing is written that a signal could leave half done, but the main
-    thread spends most of this time inside XLA's compiler, where Python cannot run a handler:
-    a KeyboardInterrupt would come only once compiling ends, or be raised (and dropped) inside
-    a callback of JAX's so that the run goes on, and a process torn down while XLA's compiler
-    threads still run can crash. Python's C-level handler, though, runs at once on whichever
-    thread the signal lands, and writes the signal's number to the wakeup file descriptor
-    (`signal.set_wakeup_fd`): `watch` points that at a pipe that a thread of its own reads,
-    which prints the line and leaves with `os._exit`. `stop` (training begins: `Interrupt`
-    takes over) ends that thread and puts the previous handlers back."""
-
-    LINE = "interrupted while starting; nothing was trained or written"
-
-    def __init__(self):
-        self.thread, self.pipe, self.previous = None, None, {}
-
-    def watch(self):
-        if threading.current_thread() is not threading.main_thread() or self.thread:
-            return
-        self.pipe = os.pipe()
-        os.set_blocking(self.pipe[1], False)
-        self.previous = {s: signal.signal(s, lambda *_: None) for s in Interrupt.SIGNALS}
-        self.previous_fd = signal.set_wakeup_fd(self.pipe[1], warn_on_full_buffer=False)
-        self.thread = threading.Thread(target=self._wait, name="starting-signals", daemon=True)
-        self.thread.start()
-
-    def _wait(self):
-        while True:
-            signum = os.read(self.pipe[0], 1)[0]
-            if signum == 0:  # `stop`
-                return
-            print(f"\n{self.LINE}", file=sys.stderr, flush=True)
-            os._exit(128 + signum)
-
-    def stop(self):
-        if self.thread is None:
-            return
-        signal.set_wakeup_fd(self.previous_fd)
-        os.write(self.pipe[1], b"\0")
-        self.thread.join()
-        for s, handler in self.previous.items():
-            signal.signal(s, signal.SIG_DFL if handler is None else handler)
-        for fd in self.pipe:
-            os.close(fd)
-        self.thread, self.pipe, self.previous = None, None, {}
-
-
-STARTING = Starting()
 
 
 class Interrupt:
@@ -846,7 +797,7 @@ class Interrupt:
     and exits (`train_in_chunks`). A second signal calls `second(signum)`; leaving the block
     puts the previous handlers back."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = SIGNALS
 
     def __init__(self, second):
         self.signal, self.previous, self.second = None, {}, second
