@@ -88,11 +88,25 @@ class StartPool(NamedTuple):
     env_state: Any
 
 
+def per_env(fn, env_params):
+    """`fn(*args, env_params)` over a batch of environments: `jax.vmap(fn, in_axes=(0, ...,
+    None))` with `fn` traced for one environment under `jax.jit`.
+
+    The same computation, faster to build: JAX traces the environment's Python once, for one
+    environment, and batches the traced program (the way it batches any jitted function under
+    vmap), instead of running each of that Python's operations through vmap's tracer. A Brax
+    step is thousands of small operations: on a CPU Ant's traced in 0.65 s instead of 1.3 s,
+    and PPO's whole Brax Ant program lowered in 4.1 s instead of 6.2 s (PureJaxRL's, whose
+    wrappers jit their steps, 4.8 s). The inner jit is inlined into the one XLA program, which
+    may round a few results differently in the last bit (CartPole's step: 3 of 9 outputs).
+    """
+    return jax.vmap(jax.jit(lambda *args: fn(*args, env_params)))
+
+
 def reset(env, env_params, key, num_envs: int, hidden=None) -> EnvState:
     """Reset `num_envs` environments with independent keys; `hidden`: a recurrent policy's
     initial state, leading axis [num_envs] (None for a feed-forward policy)."""
-    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
-        jax.random.split(key, num_envs), env_params)
+    obs, env_state = per_env(env.reset, env_params)(jax.random.split(key, num_envs))
     zeros = jnp.zeros((num_envs,), jnp.float32)
     return EnvState(env_state, obs.astype(jnp.float32), zeros, jnp.zeros((num_envs,), jnp.int32),
                     zeros, hidden)
@@ -110,8 +124,7 @@ def start_pool_size(env, fresh_starts: float | None, num_envs: int, num_steps: i
 
 def draw_start_pool(env, env_params, key, size: int) -> StartPool:
     """`size` fresh starts of `env`, from independent keys (one batched `env.reset`)."""
-    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(key, size),
-                                                            env_params)
+    obs, env_state = per_env(env.reset, env_params)(jax.random.split(key, size))
     return StartPool(obs.astype(jnp.float32), env_state)
 
 
@@ -175,7 +188,7 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
     num_envs = state.obs.shape[0]
     action_shape = env.action_space(env_params).shape
     start_pool = start_pool_size(env, fresh_starts, num_envs, num_steps)
-    step_env = jax.vmap(env.step_env if start_pool else env.step, in_axes=(0, 0, 0, None))
+    step_env = per_env(env.step_env if start_pool else env.step, env_params)
     if start_pool:
         key, key_pool = jax.random.split(key)
         pool = draw_start_pool(env, env_params, key_pool, start_pool)
@@ -190,12 +203,12 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
         env_action = to_env_action(action, spec, action_shape)
         if start_pool:  # step without resetting, then restart the finished from the pool
             obs, env_state, reward, terminated, info = step_env(keys, state.env_state,
-                                                                env_action, env_params)
+                                                                env_action)
             truncated = jax.vmap(env.is_truncated, in_axes=(0, None))(env_state, env_params)
             info = {**info, "final_observation": obs}
         else:  # gymnax's step: a fresh reset of every environment, kept where one ended
             obs, env_state, reward, terminated, truncated, info = step_env(
-                keys, state.env_state, env_action, env_params)
+                keys, state.env_state, env_action)
         terminated = terminated.astype(bool)
         truncated = jnp.logical_and(truncated.astype(bool), ~terminated)
         done = jnp.logical_or(terminated, truncated)
