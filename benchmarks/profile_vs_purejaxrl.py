@@ -15,9 +15,9 @@ and its costliest device ops read from the trace's Chrome-format events: the op'
 microseconds, how often it ran and the start of XLA's instruction (shapes and, on a TPU, the
 tiled layouts). A trace of an accelerator holds its device ops; on a CPU XLA's kernels run on
 host threads and the list is empty. `--keep-trace DIR` keeps the whole trace (`.xplane.pb`,
-for TensorBoard's or XProf's profile viewer). Each lowering starts from cleared JAX caches. `--lowering-profile` also
-runs Python's `cProfile` over each program's lowering, prints its costliest calls by cumulative
-and by own time, and keeps both in the JSON.
+for TensorBoard's or XProf's profile viewer). Each lowering starts from cleared JAX caches.
+`--lowering-profile` also runs Python's `cProfile` over each program's lowering, prints its
+costliest calls by cumulative and by own time, and keeps both in the JSON.
 
 Run it on the accelerator, in a process of its own (one process holds a TPU).
 """

@@ -790,8 +790,6 @@ def first_non_finite(metrics: dict, params, first_update: int):
     return name, update, seed
 
 
-
-
 class Interrupt:
     """Catches Ctrl-C (SIGINT) and SIGTERM while training: `signal` is set and the loop saves
     and exits (`train_in_chunks`). A second signal calls `second(signum)`; leaving the block
