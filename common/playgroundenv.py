@@ -87,6 +87,10 @@ class PlaygroundEnv(TimeLimitAutoReset):
     """The rollout's default pool of fresh starts, per transition (`common/rollout.py`): an MJX
     reset runs the physics' forward pass, as dear as a step."""
 
+    keeps_keys = True
+    """Playground's state keeps its PRNG key (`info["rng"]`), so the rollout gives it JAX's own
+    keys (`common.rollout.keeps_keys`) without tracing a reset to find out."""
+
     def __init__(self, task: str):
         check_task(task)
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():

@@ -154,11 +154,14 @@ def restart_from_pool(done, obs, env_state, pool: StartPool, used):
 
 
 def keeps_keys(env, env_params, key) -> bool:
-    """Whether the state `env.reset` makes from a `common.threefry` key holds a typed key
-    (found abstractly, by `jax.eval_shape`); False where keys are not wrapped."""
+    """Whether the state `env.reset` makes from a `common.threefry` key holds a typed key:
+    the environment's `keeps_keys` attribute where it has one (an MJX reset takes seconds to
+    trace), else found abstractly (`jax.eval_shape`); False where keys are not wrapped."""
     typed = straight_keys(key)
     if typed is key:
         return False
+    if hasattr(env, "keeps_keys"):
+        return bool(env.keeps_keys)
     state = jax.eval_shape(lambda k: env.reset(k, env_params)[1], typed)
     return any(jnp.issubdtype(x.dtype, jax.dtypes.prng_key) for x in jax.tree.leaves(state))
 

@@ -168,3 +168,15 @@ def test_the_command_line_trains_checkpoints_evaluates_and_renders(tmp_path, cap
     assert frames == 1000, out  # the balance never fails: the whole 1000 steps
     page = video.read_text()
     assert "<html>" in page and 'id="brax-viewer"' in page, page[:300]
+
+
+def test_playground_declares_that_its_state_keeps_its_key_as_a_traced_reset_shows():
+    """`PlaygroundEnv.keeps_keys` spares the rollout an abstract MJX reset (seconds of
+    tracing); it must say what that reset shows: a state holding the typed key it was given."""
+    from common.threefry import THREEFRY
+
+    env, params, _ = make_env("playground/CartpoleBalance")
+    typed = jax.random.wrap_key_data(jax.random.key_data(jax.random.PRNGKey(0)), impl=THREEFRY)
+    state = jax.eval_shape(lambda k: env.reset(k, params)[1], typed)
+    holds = any(jnp.issubdtype(x.dtype, jax.dtypes.prng_key) for x in jax.tree.leaves(state))
+    assert holds and env.keeps_keys
