@@ -74,12 +74,11 @@ def packed_scan(f: Callable, init, xs, length: int | None = None):
     if jax.default_backend() != "cpu":
         return lax.scan(f, init, xs, length)
     x0 = jax.tree.map(lambda x: x[0], xs)
-    # f's shapes, from the carry as the loop hands it over (packed and unpacked: weak types
-    # made strong), so that the loop's trace of f repeats this one and a jitted function
+    pack_c, unpack_c = packing(init)  # the carry keeps its shapes and dtypes from step to step
+    # f's outputs' shapes, from the carry as the loop hands it over (packed and unpacked: weak
+    # types made strong), so that the loop's trace of f repeats this one and a jitted function
     # inside f is traced once (`common.rollout.per_env`)
-    pack_i, unpack_i = packing(init)
-    carry_shape, y_shape = jax.eval_shape(lambda c, x: f(unpack_i(pack_i(c)), x), init, x0)
-    pack_c, unpack_c = packing(carry_shape)
+    _, y_shape = jax.eval_shape(lambda c, x: f(unpack_c(pack_c(c)), x), init, x0)
     pack_x, unpack_x = packing(x0)
     pack_y, unpack_y = packing(y_shape)
 
