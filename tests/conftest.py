@@ -48,6 +48,47 @@ def pytest_unconfigure(config):
 
 def pytest_configure(config):
     """Every test process compiles through the session's persistent cache: a program that
-    several test files build (the tiny CartPole runs, say) compiles once per session."""
+    several test files build (the tiny CartPole runs, say) compiles once per session.
+
+    On an accelerator the in-process tests compare with their NumPy references at full float32
+    matrix-product precision (a TPU's default multiplies float32 matrices in bfloat16 passes),
+    and every test that starts a Python process carries the `subprocess` marker, so that the
+    suite can run there in one process without them (only one process may hold a TPU):
+    `python -m pytest -o addopts="" -m "not subprocess"`. A test that starts one unmarked fails
+    here, on any backend."""
     from common.host.logger import enable_compilation_cache
     enable_compilation_cache()
+    import jax
+    if jax.default_backend() != "cpu":
+        jax.config.update("jax_default_matmul_precision", "highest")
+    _guard_python_children()
+
+
+_TEST = {}  # the test being set up, run or torn down in this process
+
+
+def pytest_runtest_setup(item):
+    _TEST["item"] = item
+
+
+def pytest_runtest_teardown(item):
+    _TEST.pop("item", None)
+
+
+def _guard_python_children():
+    """Fail a test that starts a Python process (`sys.executable` in its command, also behind
+    `timeout`) without `@pytest.mark.subprocess`, including in the fixtures it sets up."""
+    import subprocess
+    import sys
+    start = subprocess.Popen.__init__
+
+    def guarded(self, args, *rest, **kwargs):
+        item = _TEST.get("item")
+        command = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+        if item is not None and sys.executable in command and \
+                item.get_closest_marker("subprocess") is None:
+            raise AssertionError(f"{item.nodeid} starts a Python process: mark it "
+                                 "@pytest.mark.subprocess (deselected on an accelerator).")
+        start(self, args, *rest, **kwargs)
+
+    subprocess.Popen.__init__ = guarded

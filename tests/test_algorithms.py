@@ -281,6 +281,7 @@ def run_cli(algo, args, **env):
                           env={**os.environ, **env})
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("algo", ALGOS)
 def test_cli_trains_logs_evaluates_and_summarises(algo, tmp_path):
     """Two seeds: a progress line, the summary, one run directory per seed with the default

@@ -276,6 +276,7 @@ def test_bad_input_is_one_clear_line_and_exit_2(name, argv, message, files, caps
     assert len(err.splitlines()) == 1, err
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("command,message", [
     (["algos/ppo.py", "--env-id", "Pong"], "unknown environment id 'Pong'. Did you mean"),
     (["algos/a2c.py", "--num-envs", "0"], "--num-envs must be a positive integer, got 0."),

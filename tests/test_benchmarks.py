@@ -117,6 +117,7 @@ def test_the_accelerator_wheels_are_the_pins_but_what_the_machine_brings():
     assert playground <= set(wheels), playground - set(wheels)
 
 
+@pytest.mark.subprocess
 def test_an_accelerator_step_stops_at_its_limit_with_the_processes_it_started(tmp_path):
     """`accelerator.run_step`: at its limit the step and its children are ended, and what it
     printed is in the log."""

@@ -124,6 +124,7 @@ def trained(metrics: dict, reward_count):
     assert float(np.min(reward_count)) > 100  # rewards were normalised
 
 
+@pytest.mark.subprocess
 def test_the_command_line_trains_evaluates_and_renders_a_brax_run(tmp_path, capsys):
     run = subprocess.run(
         [sys.executable, "algos/ppo.py", "--env-id", "brax/inverted_pendulum", "--brax-backend",
@@ -147,6 +148,7 @@ def test_the_command_line_trains_evaluates_and_renders_a_brax_run(tmp_path, caps
     assert "<html>" in page and 'id="brax-viewer"' in page, page[:300]
 
 
+@pytest.mark.subprocess
 def test_a_missing_part_of_brax_is_one_line_and_exit_2_before_compiling():
     """A pipeline whose module is not installed (here `mujoco.mjx`, hidden from the process)."""
     hide = ("import sys, runpy; sys.modules['mujoco.mjx'] = None; "

@@ -159,6 +159,7 @@ def test_interrupted_in_process_and_resumed_equals_uninterrupted(reference, tmp_
                                   128 * (1 + np.flatnonzero(finished)))
 
 
+@pytest.mark.subprocess
 def test_sigkill_during_a_run_then_resume_completes_identically(reference, tmp_path):
     command = [sys.executable, "algos/ppo.py", *ARGS, "--log-dir", str(tmp_path)]
     run = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,

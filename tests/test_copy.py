@@ -38,6 +38,7 @@ def listed_modules(path: str) -> list[str]:
     return re.findall(r"`(\w+)`", listed)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("algo", ["ppo", "a2c", "impala"])
 def test_one_file_and_its_listed_modules_train_in_an_empty_directory(algo, tmp_path):
     source = os.path.join(ROOT, "algos", f"{algo}.py")

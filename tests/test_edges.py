@@ -55,6 +55,7 @@ def test_runs_started_in_the_same_second_never_share_a_directory(tmp_path, monke
     assert "CartPole-v1__ppo__2__1700000000-2" in os.listdir(tmp_path)
 
 
+@pytest.mark.subprocess
 def test_two_processes_started_together_get_two_directories(tmp_path):
     command = [sys.executable, "algos/ppo.py", *TINY, "--log-dir", str(tmp_path)]
     runs = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
@@ -229,6 +230,7 @@ def started(run) -> list:
     raise AssertionError("no progress line")
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("signals", [1, 2])
 def test_ctrl_c_saves_at_once_not_at_the_end_of_a_chunk(signals, tmp_path):
     """Ctrl-C (once or twice) while the first chunk computes: the run exits with 130, having
@@ -270,6 +272,7 @@ def test_ctrl_c_while_starting_exits_quietly(tmp_path, monkeypatch, capsys):
         "interrupted while starting; nothing was trained or written"
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_while_compiling_leaves_at_once_with_one_line(signum, tmp_path):
     """From the command line, Ctrl-C (or SIGTERM) while the programs are being built: one
@@ -290,6 +293,7 @@ def test_a_signal_while_compiling_leaves_at_once_with_one_line(signum, tmp_path)
     assert "step" not in out and not glob.glob(str(tmp_path / "*" / checkpoint.LATEST))
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("algo", ["ppo", "a2c", "impala"])
 def test_ctrl_c_while_the_file_imports_is_the_same_one_line(algo, tmp_path):
     """Ctrl-C before any of the command line's own code has run, while the algorithm file

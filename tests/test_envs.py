@@ -62,6 +62,7 @@ print("made", len(made))
 """
 
 
+@pytest.mark.subprocess
 def test_make_env_imports_only_the_environment_s_own_module_and_makes_what_gymnax_makes():
     """In a fresh process: CartPole, Pendulum and Breakout import no gymnax package init and no
     plotting library; every other built-in id (but MNIST, a download) is made too; then

@@ -33,6 +33,7 @@ def test_orthogonal_equals_flax_and_vmaps_sequentially():
 
 
 # ------------------------------------------------------------------ the jaxlib 0.10 deadlock
+@pytest.mark.subprocess
 def test_vmapped_network_init_under_pmap_does_not_deadlock():
     """Regression test for the batched-QR deadlock of jaxlib 0.10.x (see `common.nn.orthogonal`).
 

@@ -125,6 +125,7 @@ def run_cli(*args, hide_playground=False, tmp_path=None):
                           timeout=600)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("args, hide, message", [
     (["--env-id", "playground/CartpoleBalance"], True, "error: playground/CartpoleBalance needs "
      "MuJoCo Playground, which is not installed: pip install -e \".[playground]\""),
@@ -141,6 +142,7 @@ def test_bad_playground_input_is_one_line_and_exit_2_before_compiling(args, hide
     assert "Traceback" not in run.stderr and "step" not in run.stdout
 
 
+@pytest.mark.subprocess
 def test_the_command_line_trains_checkpoints_evaluates_and_renders(tmp_path, capsys):
     run = run_cli("--env-id", TASK, "--num-envs", "4", "--num-steps", "16",
                   "--num-minibatches", "2", "--total-timesteps", "512", "--checkpoint-every",

@@ -66,12 +66,14 @@ def run_alone(args, tmp_path):
     return result
 
 
+@pytest.mark.subprocess
 def test_copied_alone_it_trains_from_python_without_the_repository(tmp_path):
     shutil.copy(SOURCE, tmp_path / "ppo_minimal.py")
     output = run_alone(["-c", SCRIPT.format(tiny=TINY) + REPOSITORY_MODULES], tmp_path).stdout
     assert "CartPole-v1 trained 512" in output and "Pendulum-v1 trained 512" in output
 
 
+@pytest.mark.subprocess
 def test_copied_alone_its_command_line_trains_without_the_repository(tmp_path):
     """`-X importtime` lists every module the process imported, on stderr."""
     shutil.copy(SOURCE, tmp_path / "ppo_minimal.py")

@@ -14,6 +14,8 @@ import pytest
 
 from test_scaling import ROOT, SHORT, cli, env, final_state, free_port, hard_timeout
 
+pytestmark = pytest.mark.subprocess  # every test here starts Python processes
+
 
 # ------------------------------------------------------------------ several processes
 @pytest.mark.parametrize("parallel", ["seeds", "data"])

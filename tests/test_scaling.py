@@ -18,6 +18,8 @@ import pytest
 
 from common.host import checkpoint
 
+pytestmark = pytest.mark.subprocess  # every test here starts Python processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROBE = os.path.join(ROOT, "tests", "scaling_probe.py")
 TINY = ["--env-id", "CartPole-v1", "--total-timesteps", "4096", "--num-envs", "8",
