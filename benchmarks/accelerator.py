@@ -5,6 +5,7 @@ one folder of raw results.
     python benchmarks/accelerator.py wheels                          # here, with network
     python benchmarks/accelerator.py install run speed learning      # there, in one command
     python benchmarks/accelerator.py run --dry                       # every pass, tiny budgets
+    python benchmarks/accelerator.py run tests --test-files tests/test_gae.py ...  # the suite
 
 Steps, run in the order given:
 
@@ -18,7 +19,7 @@ Steps, run in the order given:
   default `/tmp/onpolicy-site`). For commands of your own afterwards, put SITE at the end of
   PYTHONPATH, after this checkout, so that the machine's own jax stays first:
   `export PYTHONPATH=$PYTHONPATH:$PWD:/tmp/onpolicy-site`. `run` does that for its steps.
-- `run [PASS ...]` (default: all seven) runs each pass's steps in fresh processes, each under
+- `run [PASS ...]` (default: all seven, `tests` aside) runs each pass's steps in fresh processes, each under
   its own time limit (so that one slow step cannot eat the others' time), prints what they
   print and keeps it in `OUT/log.txt`, and has them write their raw files to `OUT/results/`
   (`--out`, default `benchmarks/out/`, ignored by git). Copy the files to keep into
@@ -45,7 +46,14 @@ Steps, run in the order given:
     `steps`: the steps each seed trained);
   - `playground`: the same for MuJoCo Playground's CheetahRun and WalkerWalk with
     Playground's own PPO settings (`PPO_PLAYGROUND_ACCELERATOR`), under
-    `--playground-budget`.
+    `--playground-budget`;
+  - `tests`, only when named: the test suite's in-process tests (`-m "not subprocess"`: one
+    process at a time may hold a TPU) in one pytest process on the accelerator, of the files
+    `--test-files` (default: all), stopped like Ctrl-C at `--tests-budget` seconds. Each test's
+    verdict is in the log as it ends (`-v`), and pytest's JUnit XML in
+    `OUT/results/tests.xml`. Every test compiles its own small programs, slowly on a TPU: give
+    a 10-minute call a few files. pytest comes from the machine (the TPU machine has the
+    pinned 9.0.3; pytest-xdist is not needed).
 
 Set `SOURCE_COMMIT` to the commit of the copied tree: a copy without the git history records
 "unknown". `--dry` runs every step with tiny budgets (Brax: the inverted pendulum at CPU
@@ -98,6 +106,8 @@ PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x
 """pip matches a wheel's platform tag exactly: every manylinux tag a wheel above is built for."""
 
 PASSES = ["speed", "vs", "vs-brax", "cli", "learning", "brax", "playground"]
+"""What `run` runs by default; `tests` runs only when named."""
+TESTS_DRY = ["tests/test_gae.py"]
 BRAX_TASKS = [("brax/ant", ["--num-envs", "4096"], 0.5),
               ("brax/halfcheetah", [], 0.25),
               ("brax/hopper", None, 0.25)]
@@ -238,6 +248,17 @@ def python_steps(name: str, args, results: str) -> list:
     raise ValueError(name)
 
 
+def tests_step(args, results: str) -> tuple:
+    """`(limit_s, argv)` of the `tests` pass: pytest in one process, the files of
+    `--test-files` without the tests that start Python processes, each verdict printed as
+    it ends, JUnit XML into `results`."""
+    files = args.test_files or (TESTS_DRY if args.dry else ["tests"])
+    return (args.tests_budget, [sys.executable, "-m", "pytest", "-o", "addopts=", "-p",
+                                "no:hypothesispytest", "-p", "no:cacheprovider", "-m",
+                                "not subprocess", "-v", "-rfE", "--junitxml",
+                                os.path.join(results, "tests.xml"), *files])
+
+
 def brax_pass(log: Log, env: dict, args, results: str, playground: bool = False):
     """`brax` (`playground`): each task from the command line under its share of the budget,
     then its curves as a results file."""
@@ -314,6 +335,9 @@ def run(args, passes: list):
         if name in ("brax", "playground"):
             brax_pass(log, env, args, results, playground=name == "playground")
             continue
+        if name == "tests":  # stopped like Ctrl-C: pytest still reports and writes its XML
+            run_step(log, env, *tests_step(args, results), stop=signal.SIGINT)
+            continue
         steps = python_steps(name, args, results)
         if not steps:
             log.write(f"=== {name}: skipped (give --purejaxrl, the folder that holds "
@@ -327,7 +351,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("steps", nargs="+", metavar="STEP",
                         help="wheels, install, run [PASS ...], in that order; passes: "
-                             + ", ".join(PASSES) + " (default: all)")
+                             + ", ".join(PASSES) + " (default: all), and tests")
     parser.add_argument("--wheels", default=os.path.join(ROOT, ".whl"),
                         help="the wheels' folder (default: .whl in the checkout)")
     parser.add_argument("--python-version", default="3.11", help="the machine's Python")
@@ -348,6 +372,11 @@ def main():
     parser.add_argument("--playground-budget", type=float, default=None,
                         help="seconds for the two Playground tasks together, compiling "
                              "included (default 540; 60 with --dry)")
+    parser.add_argument("--test-files", nargs="*", default=None, metavar="PATH",
+                        help="the `tests` pass's test files (default: all; "
+                             f"{' '.join(TESTS_DRY)} with --dry)")
+    parser.add_argument("--tests-budget", type=float, default=540.0,
+                        help="seconds for the `tests` pass (default 540)")
     parser.add_argument("--dry", action="store_true", help="every step with tiny budgets")
     args = parser.parse_args()
     if args.brax_budget is None:
@@ -360,10 +389,10 @@ def main():
         passes = steps[steps.index("run") + 1:] or list(PASSES)
         steps = steps[:steps.index("run") + 1]
     unknown = [s for s in steps if s not in ("wheels", "install", "run")] + \
-        [p for p in passes if p not in PASSES]
+        [p for p in passes if p not in PASSES + ["tests"]]
     if unknown:
         parser.error(f"unknown step or pass {unknown[0]!r}: steps are wheels, install, run; "
-                     f"passes (after run) {', '.join(PASSES)}.")
+                     f"passes (after run) {', '.join(PASSES + ['tests'])}.")
     if "wheels" in steps:
         download(args.wheels, args.python_version, args.also)
     if "install" in steps:
