@@ -26,6 +26,7 @@ callbacks out of the compiled program, so it lands in JAX's persistent compilati
 second identical command skips compilation.
 """
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import errno
@@ -132,6 +133,9 @@ class Session:
     keys: Any
     hparams: Any
     state: Any = None
+    initial: Any = None
+    """A fresh run's first-state program while XLA compiles it (a `Future` of the compiled
+    `train.init`; `first_state` runs it), None once run or when resumed."""
     first: int = 0
     """The update this process starts from (0, or the resumed checkpoint's)."""
     run_time: int = 0
@@ -190,6 +194,7 @@ def train_and_log(algo: str, config, run: RunOptions, train, resumed=None):
               f"{config.num_updates}, the end of the run")
         return checkpoint.concat_rows(session.rows)
     run_chunk, run_eval, chunk = compile_programs(session)
+    first_state(session)
     compile_time = time.perf_counter() - start
     train_time = train_in_chunks(session, run_chunk, run_eval, chunk)
     return summarise(session, compile_time, train_time)
@@ -251,11 +256,21 @@ def start_or_resume(algo: str, config, run: RunOptions, train, resumed=None) -> 
             fail(error)
     try:
         init = layout.spread(jax.vmap(train.init), (layout.seeds, layout.seeds), layout.state)
-        with out_of_memory_is_one_line(config):
-            session.state = jax.block_until_ready(init(session.keys, session.hparams))
+        lowered = init.lower(session.keys, session.hparams)
     except ValueError as error:  # sizes that do not split across the devices
         fail(error)
+    # XLA compiles it on a thread of its own (and lets go of Python's lock) while the main
+    # thread traces the training programs, which need only the state's shapes (`template`).
+    session.initial = concurrent.futures.ThreadPoolExecutor(1).submit(lowered.compile)
     return session
+
+
+def first_state(s: Session):
+    """A fresh run's first state, from its program once compiled (`start_or_resume`)."""
+    if s.initial is not None:
+        init, s.initial = s.initial.result(), None
+        with out_of_memory_is_one_line(s.config):
+            s.state = jax.block_until_ready(init(s.keys, s.hparams))
 
 
 def claim_run_dirs(config, run: RunOptions, run_time: int, writer: bool) -> list[str]:
