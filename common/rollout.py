@@ -23,6 +23,7 @@ shorter than 1 / `fresh_starts` steps on average), the later ones reuse its star
 `Trajectory.repeated_start` (the `repeated_starts` metric).
 """
 
+import functools
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -99,8 +100,25 @@ def per_env(fn, env_params):
     and PPO's whole Brax Ant program lowered in 4.1 s instead of 6.2 s (PureJaxRL's, whose
     wrappers jit their steps, 4.8 s). The inner jit is inlined into the one XLA program, which
     may round a few results differently in the last bit (CartPole's step: 3 of 9 outputs).
+    One jitted function serves every call with the same `fn` and (hashable) `env_params`, so
+    that the first state's reset and the pool's, even in two programs of one process, trace
+    the environment once: JAX reuses a jitted function's trace for the same input shapes.
     """
-    return jax.vmap(jax.jit(lambda *args: fn(*args, env_params)))
+    return jax.vmap(_jitted(fn, env_params))
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_jit(fn, env_params):
+    return jax.jit(lambda *args: fn(*args, env_params))
+
+
+def _jitted(fn, env_params):
+    """`jax.jit(fn(*args, env_params))`, one per `(fn, env_params)` where both hash (a bound
+    method hashes by its object: gymnax's, Brax's, Playground's environments do)."""
+    try:
+        return _cached_jit(fn, env_params)
+    except TypeError:  # parameters that hold arrays
+        return jax.jit(lambda *args: fn(*args, env_params))
 
 
 def reset(env, env_params, key, num_envs: int, hidden=None) -> EnvState:

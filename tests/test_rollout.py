@@ -205,3 +205,30 @@ def test_the_environment_s_python_runs_once_a_rollout_for_one_environment():
     jax.jit(lambda s, k: rollout(Counted(), env_params, spec, policy, s, k, 4)).lower(
         state, jax.random.PRNGKey(1))
     assert calls == [()]  # once, with one environment's (scalar) action
+
+
+def test_the_first_state_and_the_pool_trace_the_environment_s_reset_once():
+    """`per_env` keeps one jitted function per environment method and parameters: the first
+    state's reset and the pool's, here in two programs of one process, run the environment's
+    Python once (an MJX reset takes seconds to trace)."""
+    env, env_params, spec = make_env("CartPole-v1")
+    calls = []
+
+    class Counted:  # the same environment, counting the calls to its `reset`
+        keeps_keys = False  # CartPole's state holds no key: no abstract reset to find out
+
+        def __getattr__(self, name):
+            return getattr(env, name)
+
+        def reset(self, key, params):
+            calls.append(jnp.shape(key))
+            return env.reset(key, params)
+
+    counted = Counted()
+    policy = lambda key, obs, first, h: (  # noqa: E731
+        (obs[:, 2] > 0).astype(jnp.int32), obs[:, 0] * 0, h)
+    state = jax.jit(lambda k: reset(counted, env_params, k, 3))(jax.random.PRNGKey(0))
+    assert len(calls) == 1
+    jax.jit(lambda s, k: rollout(counted, env_params, spec, policy, s, k, 4, fresh_starts=0.5)
+            ).lower(state, jax.random.PRNGKey(1))
+    assert len(calls) == 1  # the pool's reset (4 x 3 x 0.5 = 6 starts) reused the trace
