@@ -261,7 +261,9 @@ def start_or_resume(algo: str, config, run: RunOptions, train, resumed=None) -> 
         fail(error)
     # XLA compiles it on a thread of its own (and lets go of Python's lock) while the main
     # thread traces the training programs, which need only the state's shapes (`template`).
-    session.initial = concurrent.futures.ThreadPoolExecutor(1).submit(lowered.compile)
+    compiling = concurrent.futures.ThreadPoolExecutor(1)
+    session.initial = compiling.submit(lowered.compile)
+    compiling.shutdown(wait=False)  # its thread ends with this one task
     return session
 
 
