@@ -117,8 +117,8 @@ def _jitted(fn, env_params):
     method hashes by its object: gymnax's, Brax's, Playground's environments do)."""
     try:
         return _cached_jit(fn, env_params)
-    except TypeError:  # parameters that hold arrays
-        return jax.jit(lambda *args: fn(*args, env_params))
+    except TypeError:  # parameters that hold arrays: a function of its own
+        return _cached_jit.__wrapped__(fn, env_params)
 
 
 def reset(env, env_params, key, num_envs: int, hidden=None) -> EnvState:
