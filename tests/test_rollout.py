@@ -10,12 +10,34 @@ from common.rollout import (StartPool, finished_episode_stats, reset, restart_fr
                             start_pool_size)
 
 
+def lean_policy(key, obs, first, hidden):
+    """CartPole: push towards the side the pole leans (it stays up for a while)."""
+    return (obs[:, 2] > 0).astype(jnp.int32), obs[:, 0] * 0, hidden
+
+
+class Counted:
+    """`env` with the calls to its method `name` recorded: the shape of argument `arg` of
+    each (one environment's, or a batch's)."""
+
+    keeps_keys = False  # CartPole's state holds no key: no abstract reset to find out
+
+    def __init__(self, env, name: str, arg: int):
+        self.env, self.calls = env, []
+        method = getattr(env, name)
+
+        def counted(*args):
+            self.calls.append(jnp.shape(args[arg]))
+            return method(*args)
+        setattr(self, name, counted)  # one function, as a bound method is one method
+
+    def __getattr__(self, attr):
+        return getattr(self.env, attr)
+
+
 def test_rollout_keeps_truncation_apart_and_records_final_observation():
     env, env_params, spec = make_env("CartPole-v1")
     env_params = env_params.replace(max_steps_in_episode=5)
-    # Keep the pole up: push towards the side the pole leans (never terminates in 5 steps).
-    policy = lambda key, obs, first, h: (  # noqa: E731
-        (obs[:, 2] > 0).astype(jnp.int32), obs[:, 0] * 0, h)
+    policy = lean_policy  # never terminates in 5 steps
     state = reset(env, env_params, jax.random.PRNGKey(0), 3)
     state, traj = jax.jit(lambda s, k: rollout(env, env_params, spec, policy, s, k, 12))(
         state, jax.random.PRNGKey(1))
@@ -189,22 +211,11 @@ def test_the_environment_s_python_runs_once_a_rollout_for_one_environment():
     program batched, so its Python runs once per rollout however often the rollout's step is
     traced (twice on a CPU, where `packed_scan` first reads the carry's shapes)."""
     env, env_params, spec = make_env("CartPole-v1")
-    calls = []
-
-    class Counted:  # the same environment, counting the calls to its `step`
-        def __getattr__(self, name):
-            return getattr(env, name)
-
-        def step(self, key, state, action, params):
-            calls.append(jnp.shape(action))
-            return env.step(key, state, action, params)
-
-    policy = lambda key, obs, first, h: (  # noqa: E731
-        (obs[:, 2] > 0).astype(jnp.int32), obs[:, 0] * 0, h)
+    counted = Counted(env, "step", arg=2)  # its action
     state = reset(env, env_params, jax.random.PRNGKey(0), 3)
-    jax.jit(lambda s, k: rollout(Counted(), env_params, spec, policy, s, k, 4)).lower(
+    jax.jit(lambda s, k: rollout(counted, env_params, spec, lean_policy, s, k, 4)).lower(
         state, jax.random.PRNGKey(1))
-    assert calls == [()]  # once, with one environment's (scalar) action
+    assert counted.calls == [()]  # once, with one environment's (scalar) action
 
 
 def test_the_first_state_and_the_pool_trace_the_environment_s_reset_once():
@@ -212,23 +223,9 @@ def test_the_first_state_and_the_pool_trace_the_environment_s_reset_once():
     state's reset and the pool's, here in two programs of one process, run the environment's
     Python once (an MJX reset takes seconds to trace)."""
     env, env_params, spec = make_env("CartPole-v1")
-    calls = []
-
-    class Counted:  # the same environment, counting the calls to its `reset`
-        keeps_keys = False  # CartPole's state holds no key: no abstract reset to find out
-
-        def __getattr__(self, name):
-            return getattr(env, name)
-
-        def reset(self, key, params):
-            calls.append(jnp.shape(key))
-            return env.reset(key, params)
-
-    counted = Counted()
-    policy = lambda key, obs, first, h: (  # noqa: E731
-        (obs[:, 2] > 0).astype(jnp.int32), obs[:, 0] * 0, h)
+    counted = Counted(env, "reset", arg=0)  # its key
     state = jax.jit(lambda k: reset(counted, env_params, k, 3))(jax.random.PRNGKey(0))
-    assert len(calls) == 1
-    jax.jit(lambda s, k: rollout(counted, env_params, spec, policy, s, k, 4, fresh_starts=0.5)
-            ).lower(state, jax.random.PRNGKey(1))
-    assert len(calls) == 1  # the pool's reset (4 x 3 x 0.5 = 6 starts) reused the trace
+    assert len(counted.calls) == 1
+    jax.jit(lambda s, k: rollout(counted, env_params, spec, lean_policy, s, k, 4,
+                                 fresh_starts=0.5)).lower(state, jax.random.PRNGKey(1))
+    assert len(counted.calls) == 1  # the pool's reset (4 x 3 x 0.5 = 6 starts) reused the trace
