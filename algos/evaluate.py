@@ -5,7 +5,14 @@ Loads a checkpoint written by any of the three algorithm files, rebuilds its `Co
 `make_train`, and plays the deterministic policy (the mode of pi) of every run it holds
 (`common/evaluate.py`); `--capture-video` draws one episode of the first run as a GIF
 (an HTML page for Brax; `common/host/video.py`).
+
+Ctrl-C (or SIGTERM) at any moment: one line, exit 128 + the signal (`common/host/starting.py`).
 """
+
+if __name__ == "__main__":  # Ctrl-C while it loads, compiles or plays: one line, exit 130
+    from common.host.starting import STARTING
+
+    STARTING.watch(line="interrupted; the evaluation stopped")
 
 import dataclasses
 import importlib
@@ -18,7 +25,6 @@ import jax
 import numpy as np
 import tyro
 
-from common.envs import make_env
 from common.evaluate import evaluate, record_episode
 from common.host import checkpoint, logger
 from common.host.flags import tyro_cli
@@ -97,7 +103,7 @@ def main(argv=None):
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
 
-    env, env_params, spec = make_env(config.env_id, config.brax_backend)
+    env, env_params, spec = train.env
     keys = jax.random.split(jax.random.PRNGKey(args.seed), len(seeds))
     returns, lengths = jax.jit(jax.vmap(
         lambda s, k: evaluate(partial(train.act, s), env, env_params, spec, k, args.episodes,

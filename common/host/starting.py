@@ -32,11 +32,13 @@ class Starting:
     LINE = "interrupted while starting; nothing was trained or written"
 
     def __init__(self):
-        self.thread, self.pipe, self.previous = None, None, {}
+        self.thread, self.pipe, self.previous, self.line = None, None, {}, self.LINE
 
-    def watch(self):
+    def watch(self, line: str = LINE):
+        """Answer Ctrl-C (or SIGTERM) with `line` and exit 128 + the signal, until `stop`."""
         if threading.current_thread() is not threading.main_thread() or self.thread:
             return
+        self.line = line
         self.pipe = os.pipe()
         os.set_blocking(self.pipe[1], False)
         self.previous = {s: signal.signal(s, lambda *_: None) for s in SIGNALS}
@@ -50,7 +52,7 @@ class Starting:
             if signum == 0:  # `stop`
                 return
             # one write, so that no other thread's output lands inside the line
-            os.write(sys.stderr.fileno(), f"\n{self.LINE}\n".encode())
+            os.write(sys.stderr.fileno(), f"\n{self.line}\n".encode())
             os._exit(128 + signum)
 
     def stop(self):

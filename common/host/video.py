@@ -67,7 +67,8 @@ def save_video(env_id: str, env, env_params, states, rewards, path: str):
         else:
             from common.playgroundenv import render_html
 
+        page = render_html(env, states)  # drawn first: the file is written in one go
         with open(path, "w") as f:
-            f.write(render_html(env, states))
+            f.write(page)
     else:
         save_gif(env, env_params, states, rewards, path)
