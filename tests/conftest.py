@@ -75,9 +75,20 @@ def pytest_runtest_teardown(item):
     _TEST.pop("item", None)
 
 
+def _importing(frame) -> bool:
+    """Whether `frame` runs inside an `import` (a library's own probe as it loads, such as
+    glfw's, which MuJoCo's renderer imports: not the test's doing)."""
+    while frame is not None:
+        if frame.f_code.co_filename == "<frozen importlib._bootstrap>":
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _guard_python_children():
     """Fail a test that starts a Python process (`sys.executable` in its command, also behind
-    `timeout`) without `@pytest.mark.subprocess`, including in the fixtures it sets up."""
+    `timeout`) without `@pytest.mark.subprocess`, including in the fixtures it sets up; a
+    process a library starts while it is imported is its own."""
     import subprocess
     import sys
     start = subprocess.Popen.__init__
@@ -86,7 +97,8 @@ def _guard_python_children():
         item = _TEST.get("item")
         command = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
         if item is not None and sys.executable in command and \
-                item.get_closest_marker("subprocess") is None:
+                item.get_closest_marker("subprocess") is None and \
+                not _importing(sys._getframe(1)):
             raise AssertionError(f"{item.nodeid} starts a Python process: mark it "
                                  "@pytest.mark.subprocess (deselected on an accelerator).")
         start(self, args, *rest, **kwargs)
