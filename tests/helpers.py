@@ -5,6 +5,8 @@ import functools
 import importlib
 import io
 import signal
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -141,3 +143,19 @@ def qr_operand_shapes(jaxpr) -> list:
             if inner is not None:
                 shapes += qr_operand_shapes(getattr(inner, "jaxpr", inner))
     return shapes
+
+
+def interrupted_while_importing(args: list, cwd: str):
+    """Start `python -X importtime *args` in `cwd`, send Ctrl-C once JAX has been imported
+    (`-X importtime` writes a line as each module is done), and return `(returncode, stderr
+    lines but the import times', stdout)`."""
+    run = subprocess.Popen([sys.executable, "-X", "importtime", *args], cwd=cwd,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in run.stderr:
+        if line.split("|")[-1].strip() == "jax":
+            break
+    run.send_signal(signal.SIGINT)
+    out, err = run.communicate(timeout=60)
+    lines = [line for line in err.splitlines()
+             if line.strip() and not line.startswith("import time:")]
+    return run.returncode, lines, out

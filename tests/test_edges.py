@@ -20,7 +20,7 @@ import pytest
 from algos.ppo import Config, main
 from common.host import checkpoint, cli, flags
 from common.host.logger import Progress
-from helpers import record_progress, save_initial
+from helpers import interrupted_while_importing, record_progress, save_initial
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "32",
@@ -299,17 +299,9 @@ def test_ctrl_c_while_the_file_imports_is_the_same_one_line(algo, tmp_path):
     """Ctrl-C before any of the command line's own code has run, while the algorithm file
     still imports JAX and the rest (`python -X importtime` says when): the same one line, exit
     130, not a KeyboardInterrupt traceback."""
-    run = subprocess.Popen([sys.executable, "-X", "importtime", f"algos/{algo}.py",
-                            "--log-dir", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    for line in run.stderr:  # one line per module imported, as each is done
-        if line.split("|")[-1].strip() == "jax":  # JAX loaded, inside distrax's imports
-            break
-    run.send_signal(signal.SIGINT)
-    out, err = run.communicate(timeout=60)
-    lines = [line for line in err.splitlines()
-             if line.strip() and not line.startswith("import time:")]
-    assert run.returncode == 130, err[-2000:]
+    returncode, lines, out = interrupted_while_importing(
+        [f"algos/{algo}.py", "--log-dir", str(tmp_path)], ROOT)  # JAX loads inside distrax's
+    assert returncode == 130, lines
     assert lines == ["interrupted while starting; nothing was trained or written"], lines
     assert out == ""
 

@@ -7,9 +7,6 @@ Checkpoints here hold freshly initialised runs (no training), so nothing big com
 import importlib
 import os
 import re
-import signal
-import subprocess
-import sys
 from functools import partial
 
 import jax
@@ -20,7 +17,7 @@ from common.envs import make_env
 from algos.evaluate import main
 from common.evaluate import evaluate
 from common.host.video import save_gif
-from helpers import initial_state, save_initial
+from helpers import initial_state, interrupted_while_importing, save_initial
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -137,16 +134,8 @@ def test_save_gif_draws_gymnax_states(tmp_path):
 def test_ctrl_c_while_evaluate_imports_is_one_line(tmp_path):
     """`python -m algos.evaluate`, Ctrl-C while it still imports JAX: its one line, exit 130,
     no KeyboardInterrupt traceback (as the algorithm files, `tests/test_edges.py`)."""
-    run = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "algos.evaluate",
-                            str(tmp_path / "run.msgpack")], cwd=ROOT, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    for line in run.stderr:  # one line per module imported, as each is done
-        if line.split("|")[-1].strip() == "jax":
-            break
-    run.send_signal(signal.SIGINT)
-    out, err = run.communicate(timeout=60)
-    lines = [line for line in err.splitlines()
-             if line.strip() and not line.startswith("import time:")]
-    assert run.returncode == 130, err[-2000:]
+    returncode, lines, out = interrupted_while_importing(
+        ["-m", "algos.evaluate", str(tmp_path / "run.msgpack")], ROOT)
+    assert returncode == 130, lines
     assert lines == ["interrupted; the evaluation stopped"], lines
     assert out == ""
