@@ -11,16 +11,16 @@ the policy gets it with a flag `first` that marks the first observation of an ep
 resets it there itself, so a state never leaks across an automatic reset.
 
 Fresh starts from a pool (`fresh_starts` < 1): an automatic reset draws a fresh random start
-for every environment at every step and keeps it where an episode ended. Where a reset costs
-as much as a physics step (Brax, MJX), most of that work is thrown away. With a pool, the
-rollout draws P = `fresh_starts` x num_envs x num_steps fresh starts at once (one batched
-`env.reset`), steps the environments without resetting them (`env.step_env`,
-`env.is_truncated`), and hands the k-th episode that ends to the pool's next unused start.
-The starts are independent draws from `env.reset`'s distribution and each begins one episode,
-so every episode still starts afresh (Brax's `AutoResetWrapper` restarts each environment
-from its first state). Should more episodes end in one rollout than the pool holds (episodes
-shorter than 1 / `fresh_starts` steps on average), the later ones reuse its starts, marked in
-`Trajectory.repeated_start` (the `repeated_starts` metric).
+for every environment at every step and keeps it where an episode ended. Where a reset runs
+the physics' initialisation (Brax; MJX, where it costs as much as a step), most of that work
+is thrown away. With a pool, the rollout draws P = `fresh_starts` x num_envs x num_steps fresh
+starts at once (one batched `env.reset`), steps the environments without resetting them
+(`env.step_env`, `env.is_truncated`), and hands the k-th episode that ends to the pool's next
+unused start. The starts are independent draws from `env.reset`'s distribution and each begins
+one episode, so every episode still starts afresh (Brax's `AutoResetWrapper` restarts each
+environment from its first state). Should more episodes end in one rollout than the pool holds
+(episodes shorter than 1 / `fresh_starts` steps on average), the later ones reuse its starts,
+marked in `Trajectory.repeated_start` (the `repeated_starts` metric).
 """
 
 import functools
