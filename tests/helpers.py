@@ -159,3 +159,35 @@ def interrupted_while_importing(args: list, cwd: str):
     lines = [line for line in err.splitlines()
              if line.strip() and not line.startswith("import time:")]
     return run.returncode, lines, out
+
+
+def traces_around_make_env(monkeypatch, env_cls, backend: str, *make_env_args) -> tuple:
+    """The calls of `env_cls.reset` and `.step_env` (their Python running, as when traced)
+    that `make_env(*make_env_args)` makes with `jax.default_backend()` forced to `backend`,
+    and those after it, when a program of a first state and a 6-step rollout with the default
+    pool is lowered for 2 seeds x 2 environments: `(during make_env, both together)`."""
+    from common.envs import make_env
+    from common.rollout import reset, rollout
+
+    calls = []
+
+    def counted(method):
+        def run(self, *args, **kwargs):
+            calls.append(method.__name__)
+            return method(self, *args, **kwargs)
+        return run
+
+    monkeypatch.setattr(env_cls, "reset", counted(env_cls.reset))
+    monkeypatch.setattr(env_cls, "step_env", counted(env_cls.step_env))
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    env, params, spec = make_env(*make_env_args)
+    during = list(calls)
+
+    def policy(key, obs, first, hidden):
+        return jax.random.normal(key, (obs.shape[0], spec.action_dim)), (), hidden
+
+    def run(key):
+        return rollout(env, params, spec, policy, reset(env, params, key, 2), key, 6)
+
+    jax.jit(jax.vmap(run)).lower(jax.random.split(jax.random.PRNGKey(0), 2))
+    return during, calls

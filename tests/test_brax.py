@@ -25,6 +25,7 @@ from common.envs import make_env  # noqa: E402
 from common.gae import gae  # noqa: E402
 from common.host import checkpoint  # noqa: E402
 from common.rollout import reset, rollout  # noqa: E402
+from helpers import traces_around_make_env  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BACKEND = "spring"
@@ -100,6 +101,23 @@ def test_every_episode_starts_from_a_fresh_random_state(fresh_starts):
     starts = traj.obs[traj.first]  # across environments too
     assert len({tuple(s) for s in np.round(starts, 6)}) == len(starts), starts
     assert not traj.repeated_start.any()
+
+
+@pytest.mark.parametrize("backend", ["cpu", "tpu"])
+def test_on_an_accelerator_make_env_traces_the_step_the_rollout_then_reuses(monkeypatch,
+                                                                          backend):
+    """`common.rollout.trace_ahead`, with the accelerator's code path forced on this CPU:
+    `make_env` traces one environment's reset and step, and a program of a first state and a
+    rollout with the default pool, lowered after it, traces the physics neither time again.
+    On a CPU, `make_env` traces nothing."""
+    from common.braxenv import BraxEnv
+
+    during, calls = traces_around_make_env(monkeypatch, BraxEnv, backend,
+                                           "brax/inverted_pendulum", BACKEND)
+    if backend == "tpu":
+        assert during == calls == ["reset", "step_env"]  # nothing traced again
+    else:  # traced in the program (the CPU's `keeps_keys` also reads a reset's shapes)
+        assert during == [] and calls.count("step_env") == 1 and "reset" in calls
 
 
 @pytest.mark.parametrize("algo", ["a2c", "impala"])

@@ -26,10 +26,18 @@ from common.host import checkpoint  # noqa: E402
 from common.playgroundenv import PlaygroundEnv, PlaygroundParams  # noqa: E402
 from common.presets import PRESETS  # noqa: E402
 from common.rollout import reset, rollout  # noqa: E402
+from helpers import traces_around_make_env  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASK = "playground/CartpoleBalance"
 LIMIT, STEPS, ENVS = 7, 30, 4
+
+
+def test_on_an_accelerator_make_env_traces_the_step_the_rollout_then_reuses(monkeypatch):
+    """`common.rollout.trace_ahead` with the accelerator's code path forced on this CPU: an
+    MJX reset and step traced once, in `make_env`, and reused by a program built after it."""
+    during, calls = traces_around_make_env(monkeypatch, PlaygroundEnv, "tpu", TASK)
+    assert during == calls == ["reset", "step_env"]
 
 
 @functools.cache

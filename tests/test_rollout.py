@@ -198,7 +198,10 @@ def test_pool_size_and_the_environments_default():
     assert start_pool_size(object(), None, 8, 40) == 0  # gymnax: a reset every step
     assert start_pool_size(object(), 1.0, 8, 40) == 0
     assert start_pool_size(object(), 0.25, 8, 40) == 80
-    assert start_pool_size(object(), 1e-6, 8, 40) == 1  # rounded up: never empty
+    # at least one batch of environments: 1/16 of 2,048 x 10 would be 1,280
+    assert start_pool_size(object(), 1 / 16, 2048, 10) == 2048
+    assert start_pool_size(object(), 1 / 16, 8, 1) == 0  # one batch is every transition
+    assert start_pool_size(object(), 1e-6, 8, 40) == 8  # never less than one batch
 
     class Dear:
         fresh_starts = 1 / 16
