@@ -72,11 +72,12 @@ def main(algo: str, config_cls, make_train, argv=None):
         from common.host.prng import unroll_threefry_on_cpu
 
         unroll_threefry_on_cpu()  # the command line's choice: the same random bits, faster on CPU
+        started = time.perf_counter()  # the printed compile time counts building `train`
         try:
             train = make_train(config)
         except ValueError as error:  # e.g. a network the environment cannot take
             fail(error)
-        metrics = train_and_log(algo, config, run, train, resumed)
+        metrics = train_and_log(algo, config, run, train, resumed, started)
         if EXIT_AT_ONCE and jax.process_count() == 1:
             leave_now(0)  # every file is written: skip the 0.4 s of tearing JAX down
         return metrics
@@ -166,7 +167,8 @@ class Session:
         return jax.process_index() == 0
 
 
-def train_and_log(algo: str, config, run: RunOptions, train, resumed=None):
+def train_and_log(algo: str, config, run: RunOptions, train, resumed=None,
+                  started: float | None = None):
     """Train `run.num_seeds` runs of `train` (from `make_train(config)`), checkpoint, log them.
 
     Returns the metrics as NumPy arrays with leading axes `[num_seeds, num_updates]` (with
@@ -178,7 +180,8 @@ def train_and_log(algo: str, config, run: RunOptions, train, resumed=None):
     JAX already runs (building `train` started it), on the devices `setup_devices(run)`
     chose where it ran first (`main` does, before `make_train`). `resumed`: with
     `run.resume`, `(path, record)` of the checkpoint as `parse_command` read it (None: it is
-    read here).
+    read here). `started`: the `time.perf_counter()` at which building `train` began, where
+    the compile time printed at the end counts from (None: this call's start).
     """
     logger.enable_compilation_cache()  # first: every program below can come from the cache
     contract.check(algo, config, contract.Config, "its Config")
@@ -187,7 +190,7 @@ def train_and_log(algo: str, config, run: RunOptions, train, resumed=None):
         fail(f"--total-timesteps {config.total_timesteps} makes {config.num_updates:,} "
              "updates, more than the 2**31 - 1 a run can count; use fewer steps or a larger "
              "batch.")
-    start = time.perf_counter()
+    start = time.perf_counter() if started is None else started
     session = start_or_resume(algo, config, run, train, resumed)
     if session.first == config.num_updates:
         print(f"nothing to do: {session.path} is at update {session.first} of "
