@@ -16,8 +16,11 @@ Both run in this one process, `jit(vmap(train))` over the same number of seeds, 
 first and called once each untimed (the first call of a program pays for first touches of its
 memory), then timed in alternation (ours, theirs, ours, ...) so that machine noise hits both
 alike. Prints compile time (from cleared caches: `make_train`, which builds the environment,
-the lowering, and XLA; the first two also apart), median SPS of each and the ratio of the medians, plus the final
-returns so that speed is not bought with learning. Saves the raw timings as JSON.
+the lowering, and XLA; the first two also apart), median SPS of each and the ratio of the
+medians, plus the final returns so that speed is not bought with learning. Saves the raw
+timings as JSON. Ours compiles first; `--purejaxrl-first` turns the order round: on a TPU v5e
+a process's second Brax compile was 13 to 15 s faster than its first, whichever program it
+was (docs/performance.md), so compare compile times of the same place in the order.
 
 Ours runs as our command line does, with the Threefry lowering it selects on CPU
 (`common/host/prng.py`). PureJaxRL runs as shipped (JAX's default lowerings), and once more
@@ -171,6 +174,9 @@ def main():
     parser = comparison_parser(__doc__)
     parser.add_argument("--total-timesteps", type=whole_number, default=500_000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--purejaxrl-first", action="store_true",
+                        help="compile PureJaxRL's program first (on a TPU the second compile of "
+                        "a process is faster)")
     parser.add_argument("--threads", type=int, default=0,
                         help="XLA:CPU thread-pool size (NPROC) for both; 0: XLA's default")
     parser.add_argument("--out", default=None, help="default: benchmarks/results/"
@@ -201,8 +207,11 @@ def main():
     # same program as PureJaxRL's (the lowering is registered for the CPU only).
     if not args.brax and jax.default_backend() == "cpu":
         runners["purejaxrl+unrolled"] = (lambda: reference.make_train(ref_config), True)
+    order = sorted(runners, key=lambda name: name == "ours") if args.purejaxrl_first \
+        else list(runners)
     compiled, compile_s, lower_s = {}, {}, {}
-    for name, (build, unrolled) in runners.items():
+    for name in order:
+        build, unrolled = runners[name]
         unroll_threefry_on_cpu(unrolled)
         jax.clear_caches()  # each program traced from scratch, none reusing another's traces
         start = time.perf_counter()
@@ -245,7 +254,7 @@ def main():
                    "device": jax.devices()[0].device_kind,
                    "threads": args.threads or "default", "cpus": cpus,
                    "recurrent": args.recurrent, "brax": args.brax,
-                   "seeds": args.seeds, "sps": sps, "compile_s": compile_s, "make_train_and_lower_s": lower_s,
+                   "seeds": args.seeds, "compile_order": order, "sps": sps, "compile_s": compile_s, "make_train_and_lower_s": lower_s,
                    "final_return": {k: np.asarray(v).tolist() for k, v in returns.items()}}, f, indent=1)
 
 

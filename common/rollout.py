@@ -159,9 +159,10 @@ def start_pool_size(env, fresh_starts: float | None, num_envs: int, num_steps: i
     every step).
 
     At least one batch: a pool of num_envs starts is the first state's batched reset again,
-    and XLA compiles the same computation once. Brax Ant (4 seeds x 2,048 environments x 10
-    steps, where 1/16 gives 1,280) compiled in 39.9 s instead of 55.4 s on a TPU v5e at the
-    same speed, 14.7 to 15.0 s instead of 17.4 to 18.4 s on a CPU (docs/performance.md)."""
+    and XLA compiles the same computation once. PPO's Brax Ant program (4 seeds x 2,048
+    environments x 10 steps, where 1/16 gives 1,280) went through XLA in 14.0 to 14.1 s
+    instead of 17.8 to 18.2 s on a CPU (fresh processes, alternated); on a TPU v5e no
+    difference was seen (docs/performance.md)."""
     if fresh_starts is None:
         fresh_starts = getattr(env, "fresh_starts", 1.0)
     size = max(math.ceil(fresh_starts * num_envs * num_steps), num_envs)
