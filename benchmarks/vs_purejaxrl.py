@@ -254,7 +254,8 @@ def main():
                    "device": jax.devices()[0].device_kind,
                    "threads": args.threads or "default", "cpus": cpus,
                    "recurrent": args.recurrent, "brax": args.brax,
-                   "seeds": args.seeds, "compile_order": order, "sps": sps, "compile_s": compile_s, "make_train_and_lower_s": lower_s,
+                   "seeds": args.seeds, "compile_order": order, "sps": sps,
+                   "compile_s": compile_s, "make_train_and_lower_s": lower_s,
                    "final_return": {k: np.asarray(v).tolist() for k, v in returns.items()}}, f, indent=1)
 
 

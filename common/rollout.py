@@ -16,11 +16,12 @@ the physics' initialisation (Brax; MJX, where it costs as much as a step), most 
 is thrown away. With a pool, the rollout draws P = `fresh_starts` x num_envs x num_steps (at
 least num_envs) fresh starts at once (one batched `env.reset`), steps the environments
 without resetting them (`env.step_env`, `env.is_truncated`), and hands the k-th episode that
-ends to the pool's next unused start. The starts are independent draws from `env.reset`'s distribution and each begins
-one episode, so every episode still starts afresh (Brax's `AutoResetWrapper` restarts each
-environment from its first state). Should more episodes end in one rollout than the pool holds
-(episodes shorter than 1 / `fresh_starts` steps on average), the later ones reuse its starts,
-marked in `Trajectory.repeated_start` (the `repeated_starts` metric).
+ends to the pool's next unused start. The starts are independent draws from `env.reset`'s
+distribution and each begins one episode, so every episode still starts afresh (Brax's
+`AutoResetWrapper` restarts each environment from its first state). Should more episodes end
+in one rollout than the pool holds (episodes shorter than 1 / `fresh_starts` steps on
+average), the later ones reuse its starts, marked in `Trajectory.repeated_start` (the
+`repeated_starts` metric).
 """
 
 import functools
@@ -130,7 +131,7 @@ def trace_ahead(env, env_params):
     state, the rollout's pool and step) reuse them instead of tracing the physics inside a
     `vmap` over seeds of nested scans, where each of JAX's operations costs more. On a TPU
     v5e's host Brax Ant's step traced in 0.8 s here against 5.9 s inside PPO's program, which
-    then lowered in 16.1 s with this call against 21.6 s without (4 seeds x 2,048
+    then lowered in 16.1 s with this call against 21.2 and 21.6 s without (4 seeds x 2,048
     environments). On a CPU it gained nothing (docs/performance.md). The shapes are those the
     rollout uses there: raw uint32 keys (`straight_keys` changes none off the CPU), float32
     actions; a program that calls with others traces its own, as without this call.
