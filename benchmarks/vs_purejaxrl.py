@@ -19,8 +19,8 @@ alike. Prints compile time (from cleared caches: `make_train`, which builds the 
 the lowering, and XLA; the first two also apart), median SPS of each and the ratio of the
 medians, plus the final returns so that speed is not bought with learning. Saves the raw
 timings as JSON. Ours compiles first; `--purejaxrl-first` turns the order round: on a TPU v5e
-a process's second Brax compile was 13 to 15 s faster than its first, whichever program it
-was (docs/performance.md), so compare compile times of the same place in the order.
+a process's second Brax compile was 12.6 to 14.5 s faster than its first, whichever program
+it was (docs/performance.md), so compare compile times of the same place in the order.
 
 Ours runs as our command line does, with the Threefry lowering it selects on CPU
 (`common/host/prng.py`). PureJaxRL runs as shipped (JAX's default lowerings), and once more
