@@ -25,7 +25,9 @@ it was (docs/performance.md), so compare compile times of the same place in the 
 Ours runs as our command line does, with the Threefry lowering it selects on CPU
 (`common/host/prng.py`). PureJaxRL runs as shipped (JAX's default lowerings), and once more
 compiled with that lowering, so the output also shows how much of the ratio that one switch is
-(on a CPU; elsewhere the lowering changes nothing and that run is left out).
+(on a CPU; elsewhere the lowering changes nothing and that run is left out). `--python-api`
+runs ours as the README's Python example does instead, without that process-wide switch
+(`jax.jit(make_train(config))`; `common/threefry.py` hashes its keys).
 
 `--brax NAME` compares PPO on `brax/NAME` with PureJaxRL's `ppo_continuous_action.py` (Brax's
 positional pipeline for both, PureJaxRL's default): its network (256x256 tanh MLPs, a
@@ -174,6 +176,9 @@ def main():
     parser = comparison_parser(__doc__)
     parser.add_argument("--total-timesteps", type=whole_number, default=500_000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--python-api", action="store_true",
+                        help="ours without the command line's Threefry lowering, as the "
+                        "README's Python example runs it")
     parser.add_argument("--purejaxrl-first", action="store_true",
                         help="compile PureJaxRL's program first (on a TPU the second compile of "
                         "a process is faster)")
@@ -200,7 +205,7 @@ def main():
     # (common/host/prng.py, the same bits); PureJaxRL as shipped uses JAX's default.
     # "purejaxrl+unrolled" is PureJaxRL compiled with our lowering, to show what that part buys.
     runners = {
-        "ours": (lambda: make_train(config), True),
+        "ours": (lambda: make_train(config), not args.python_api),
         "purejaxrl": (lambda: reference.make_train(ref_config), False),
     }
     # A Brax step dwarfs the random draws this lowering speeds up, and off the CPU it is the
@@ -254,7 +259,8 @@ def main():
                    "device": jax.devices()[0].device_kind,
                    "threads": args.threads or "default", "cpus": cpus,
                    "recurrent": args.recurrent, "brax": args.brax,
-                   "seeds": args.seeds, "compile_order": order, "sps": sps,
+                   "seeds": args.seeds, "python_api": args.python_api,
+                   "compile_order": order, "sps": sps,
                    "compile_s": compile_s, "make_train_and_lower_s": lower_s,
                    "final_return": {k: np.asarray(v).tolist() for k, v in returns.items()}}, f, indent=1)
 
