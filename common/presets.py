@@ -166,10 +166,11 @@ runs on every Brax task (positional pipeline): 2048 envs x 10 steps, 32 minibatc
 Adam 3e-4 without annealing, no entropy bonus, gamma 0.99, GAE lambda 0.95, observations and
 rewards normalised, 5e7 steps. The network is not its: the preset keeps the algorithm file's
 two 64-unit tanh layers, where PureJaxRL's has 256 units (`vs_purejaxrl.py` compares speed at
-256; Ant learned better with 256, the other tasks are unmeasured: docs/environments.md). The preset of the heavier tasks
-(ant, halfcheetah, walker2d, humanoid, reacher): 5e7 steps are hours a seed on a CPU, and
-minutes on a GPU (one H200, 4 seeds together: Ant with 4096 envs 82 s, HalfCheetah 175 s;
-docs/environments.md). On a GPU, give these as flags for Hopper and the pendulum too."""
+256; Ant learned better with 256, the other tasks are unmeasured: docs/environments.md). The
+preset of the heavier tasks (ant, halfcheetah, walker2d, humanoid, reacher): 5e7 steps are
+hours a seed on a CPU, and minutes on a GPU (one H200, 4 seeds together: Ant with 4096 envs
+82 s, HalfCheetah 175 s; docs/environments.md). On a GPU, give these as flags for Hopper and
+the pendulum too."""
 _PPO_BRAX_CPU = dict(num_envs=64, num_steps=32, num_minibatches=8, update_epochs=4,
                      learning_rate=3e-4, anneal_lr=False, ent_coef=0.0, normalize_obs=True,
                      normalize_reward=True)
