@@ -28,9 +28,10 @@ def test_unrolled_threefry_gives_the_same_bits_without_a_loop():
     try:
         assert unroll_threefry_on_cpu(False)
         make_train(Config(total_timesteps=2048))  # changes no process-wide setting
-        looped, looped_text = compiled(key)
-        unroll_threefry_on_cpu(True)
-        unrolled, unrolled_text = compiled(key)
+        with jax.default_device(jax.devices("cpu")[0]):  # CPU programs on any machine
+            looped, looped_text = compiled(key)
+            unroll_threefry_on_cpu(True)
+            unrolled, unrolled_text = compiled(key)
     finally:
         unroll_threefry_on_cpu(False)  # JAX's default again for the tests after this one
     assert "while" in looped_text and "while" not in unrolled_text
@@ -47,7 +48,9 @@ def test_threefry_stays_looped_on_a_jax_release_it_was_not_measured_on(monkeypat
     monkeypatch.setattr(jax, "__version__", "0.11.2")
     try:
         assert not prng.unroll_threefry_on_cpu(True)
-        text = jax.jit(lambda k: jax.random.split(k, 3)).lower(jax.random.PRNGKey(1)).as_text()
+        with jax.default_device(jax.devices("cpu")[0]):  # a CPU program on any machine
+            text = jax.jit(lambda k: jax.random.split(k, 3)).lower(
+                jax.random.PRNGKey(1)).as_text()
     finally:
         prng.unroll_threefry_on_cpu(False)
     assert "while" in text

@@ -19,6 +19,13 @@ from common.nn import GRU, LSTM
 from common.rollout import rollout
 from helpers import ALGOS, tiny_run
 
+# How close a core's float32 states come to the float64 loops. On a TPU v5e, even with float32
+# matrix products at full precision (conftest.py), 7 steps of the cores were up to 2.6e-5 away
+# from the loops (the chip's own tanh and sigmoid, most likely). A missed reset in this test's
+# sequences moves the states by up to 0.44.
+CLOSE = (dict(rtol=1e-5, atol=1e-6) if jax.default_backend() == "cpu"
+         else dict(rtol=1e-4, atol=1e-4))
+
 
 def numpy_gru(p, h, xs, firsts):
     """The GRU of Cho et al. (2014) as flax's `GRUCell` writes it, one step at a time:
@@ -90,8 +97,8 @@ def test_core_matches_its_equations_and_resets_where_an_episode_starts(core, ref
         np.testing.assert_allclose(block.T @ block, np.eye(width), atol=1e-5)  # orthogonal
     last, states = jax.jit(module.apply)(params, state0, xs, firsts)
     want_last, want = reference(params, state0, xs, firsts)
-    np.testing.assert_allclose(states, want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(last, want_last, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(states, want, **CLOSE)
+    np.testing.assert_allclose(last, want_last, **CLOSE)
     np.testing.assert_array_equal(core.output(states), states[..., -width:])
     # the reset matters: without it, environment 0 from step 3 on is another sequence
     _, leaked = reference(params, state0, xs, jnp.zeros_like(firsts))
@@ -100,8 +107,9 @@ def test_core_matches_its_equations_and_resets_where_an_episode_starts(core, ref
     # a sequence cut in two and continued from the state in between is the same sequence
     mid, first_half = module.apply(params, state0, xs[:4], firsts[:4])
     _, second_half = module.apply(params, mid, xs[4:], firsts[4:])
-    np.testing.assert_allclose(jnp.concatenate([first_half, second_half]), states, rtol=1e-6,
-                               atol=1e-7)
+    np.testing.assert_allclose(jnp.concatenate([first_half, second_half]), states,
+                               **(dict(rtol=1e-6, atol=1e-7) if jax.default_backend() == "cpu"
+                                  else CLOSE))  # other programs: the chip may fuse otherwise
 
 
 @pytest.mark.parametrize("core", ["gru", "lstm"])

@@ -46,6 +46,7 @@ def test_straight_keys_draw_jax_s_bits_eagerly_jitted_and_vmapped():
 
 
 def test_straight_keys_take_raw_and_typed_threefry_keys_and_leave_other_kinds_alone(monkeypatch):
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")  # whatever runs the test
     typed = jax.random.key(5)
     assert str(jax.random.key_impl(straight_keys(typed))) == str(THREEFRY)
     np.testing.assert_array_equal(jax.random.key_data(straight_keys(typed)),
@@ -74,6 +75,7 @@ def test_raw_keys_unwraps_typed_keys_in_a_tree_and_nothing_else():
 def test_the_rollout_draws_the_same_transitions_with_straight_keys_as_with_jax_s(monkeypatch):
     """On CPU the rollout hashes with `THREEFRY`; traced as for another backend it keeps JAX's
     keys. Discrete CartPole, so the only possible difference is the random bits."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")  # whatever runs the test
     from common.envs import make_env
     from common.rollout import reset, rollout
 
@@ -96,9 +98,10 @@ def test_the_rollout_draws_the_same_transitions_with_straight_keys_as_with_jax_s
         np.testing.assert_array_equal(a, b)
 
 
-def test_an_environment_that_keeps_its_key_in_its_state_gets_jax_s_keys():
+def test_an_environment_that_keeps_its_key_in_its_state_gets_jax_s_keys(monkeypatch):
     """Playground keeps `info["rng"]` in its state: with wrapped keys its state would hold a
-    typed key where the rollout's carry holds raw data."""
+    typed key where the rollout's carry holds raw data. (Keys are wrapped for a CPU only.)"""
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")  # whatever runs the test
     from common.envs import make_env
     from common.rollout import keeps_keys
 
