@@ -37,13 +37,13 @@ Steps, run in the order given:
     compilation cache;
   - `learning`: `learning.py`, MinAtar with the CNN, 8 seeds x 5e6 steps: PPO on Breakout and
     SpaceInvaders, A2C and IMPALA on Breakout;
-  - `brax`: PPO from the command line on Brax Ant (4096 environments), HalfCheetah and Hopper
-    with PureJaxRL's accelerator settings (`PPO_BRAX_ACCELERATOR` in `common/presets.py`),
-    4 seeds vmapped in one program. Each run gets SIGINT at its share of `--brax-budget`
-    seconds, which saves its last whole chunk of updates as Ctrl-C does, so a slower run still
-    reports how far it got; its curves then go to `OUT/results/ppo__brax-<task>.json`, a
-    results file that `table.py` reads (`train_s`: start to stop, compiling included;
-    `steps`: the steps each seed trained);
+  - `brax`: PPO from the command line on Brax Ant (its preset, `PPO_BRAX_ANT`), HalfCheetah and
+    Hopper with PureJaxRL's accelerator settings (`PPO_BRAX_ACCELERATOR` in
+    `common/presets.py`), 4 seeds vmapped in one program. Each run gets SIGINT at its share of
+    `--brax-budget` seconds, which saves its last whole chunk of updates as Ctrl-C does, so a
+    slower run still reports how far it got; its curves then go to
+    `OUT/results/ppo__brax-<task>.json`, a results file that `table.py` reads (`train_s`: start
+    to stop, compiling included; `steps`: the steps each seed trained);
   - `playground`: the same for MuJoCo Playground's CheetahRun and WalkerWalk with
     Playground's own PPO settings (`PPO_PLAYGROUND_ACCELERATOR`), under
     `--playground-budget`;
@@ -108,7 +108,7 @@ PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x
 PASSES = ["speed", "vs", "vs-brax", "cli", "learning", "brax", "playground"]
 """What `run` runs by default; `tests` runs only when named."""
 TESTS_DRY = ["tests/test_gae.py"]
-BRAX_TASKS = [("brax/ant", ["--num-envs", "4096"], 0.5),
+BRAX_TASKS = [("brax/ant", [], 0.5),
               ("brax/halfcheetah", [], 0.25),
               ("brax/hopper", None, 0.25)]
 """(task, flags beside its preset, share of `--brax-budget`); None: the accelerator preset's

@@ -143,7 +143,7 @@ def command(record: dict, tag: str = "") -> str:
 
     words = record["command"].split()
     if words[0] != "benchmarks/learning.py":  # a command-line run (`accelerator.py run brax`)
-        return " ".join(["python", *words])
+        return " ".join(["python", *words, *retuned_flags(record, words)])
     args, overrides, budget = read_command(words[1:])
     ran = ran_config(record)
     overrides = {k: ran[k] for k in overrides}
@@ -159,6 +159,31 @@ def command(record: dict, tag: str = "") -> str:
     out += ["--set", *sets] if sets else []
     out += ["--tag", tag] if tag != args.variant else []
     return " ".join(out)
+
+
+def retuned_flags(record: dict, words: list) -> list:
+    """The flags that a command-line run's recorded command (`words`: `algos/<algo>.py`, then
+    its flags) needs so that it builds the config the file records with the presets of today:
+    `--field value` (`--field` / `--no-field` for a switch) for every field it sets otherwise."""
+    import contextlib
+    import importlib
+    import io
+
+    from common.host import flags
+
+    if not words[0].startswith("algos/"):
+        return []  # another script's command (a sweep's)
+    algo = os.path.basename(words[0])[:-len(".py")]
+    with contextlib.redirect_stdout(io.StringIO()):  # the preset's line
+        config, _ = flags.parse(algo, importlib.import_module(f"algos.{algo}").Config,
+                                words[1:])
+    ran, out = ran_config(record), []
+    for name, value in as_json(config).items():
+        if name in ran and ran[name] != value:
+            flag = name.replace("_", "-")
+            out += ([f"--{flag}" if ran[name] else f"--no-{flag}"] if isinstance(value, bool)
+                    else [f"--{flag}", _short(ran[name])])
+    return out
 
 
 def read_command(words: list):
