@@ -33,7 +33,8 @@ runs ours as the README's Python example does instead, without that process-wide
 positional pipeline for both, PureJaxRL's default): its network (256x256 tanh MLPs, a
 state-independent log-std), observations and rewards normalised, no learning-rate annealing,
 no entropy bonus, and the batch of our Brax preset for that task (`common/presets.py`) in
-both. The work differs in two places, both ours: a truncated episode bootstraps from V of its
+both; where the preset is sized for an accelerator, PureJaxRL's own batch (2048 envs x 10
+steps, 32 minibatches; Ant's preset has 4096 envs). The work differs in two places, both ours: a truncated episode bootstraps from V of its
 final observation (PureJaxRL treats the 1000-step limit as a death), and every finished
 episode starts from a fresh random state (Brax's `AutoResetWrapper`, which PureJaxRL uses,
 restarts from the state of the first reset). It is timed without the "+unrolled" run. With
@@ -75,7 +76,7 @@ from benchmarks.configs import source_commit, time_in_alternation  # noqa: E402
 from common.host.logger import final_return  # noqa: E402
 from common.host.options import whole_number  # noqa: E402
 from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
-from common.presets import preset  # noqa: E402
+from common.presets import PPO_BRAX_ACCELERATOR, preset  # noqa: E402
 
 
 class OldStepApi:
@@ -150,7 +151,10 @@ def configs(total_timesteps: int, recurrent: bool = False, brax: str | None = No
         file = "ppo_rnn.py"
     elif brax:
         env_id = f"brax/{brax}"
-        sizes = {k: v for k, v in preset("ppo", env_id).items()
+        sizes = preset("ppo", env_id)
+        if sizes.get("num_envs", 0) >= PPO_BRAX_ACCELERATOR["num_envs"]:
+            sizes = PPO_BRAX_ACCELERATOR  # sized for an accelerator: PureJaxRL's own batch
+        sizes = {k: v for k, v in sizes.items()
                  if k in ("num_envs", "num_steps", "num_minibatches", "update_epochs")}
         config = Config(env_id=env_id, total_timesteps=total_timesteps, hidden_size=256,
                         learning_rate=3e-4, anneal_lr=False, ent_coef=0.0, normalize_obs=True,

@@ -245,3 +245,24 @@ def test_the_profile_reads_only_the_devices_xla_ops_from_a_trace(tmp_path):
     ops = device_ops(str(path), top=5)
     assert [(o["op"], o["us"], o["n"]) for o in ops] == [("gather", 15.0, 2), ("fusion", 4.0, 1)]
     assert ops[0]["hlo"] == "%gather = f32[4]"
+
+
+def test_the_brax_comparison_runs_purejaxrl_s_settings_whatever_our_preset():
+    """`vs_purejaxrl.py --brax NAME`: both programs get PureJaxRL's `ppo_continuous_action.py`
+    settings (256-unit layers, gamma 0.99, constant learning rate, no entropy bonus), with
+    PureJaxRL's own batch for a task whose preset is sized for an accelerator, Ant's included
+    (its preset has 4096 envs and other settings), and the CPU preset's batch for Hopper."""
+    from benchmarks.vs_purejaxrl import configs
+    from common.presets import PPO_BRAX_ACCELERATOR
+
+    for task, envs in (("ant", 2048), ("halfcheetah", 2048), ("hopper", 64)):
+        config, file, ref = configs(10**6, False, task)
+        assert file == "ppo_continuous_action.py"
+        assert (config.num_envs, config.hidden_size, config.gamma, config.anneal_lr,
+                config.ent_coef) == (envs, 256, 0.99, False, 0.0), task
+        assert (ref["NUM_ENVS"], ref["NUM_STEPS"], ref["NUM_MINIBATCHES"], ref["GAMMA"],
+                ref["ANNEAL_LR"]) == (config.num_envs, config.num_steps, config.num_minibatches,
+                                      0.99, False), task
+    config, _, _ = configs(10**6, False, "ant")
+    assert (config.num_steps, config.num_minibatches, config.update_epochs) == tuple(
+        PPO_BRAX_ACCELERATOR[k] for k in ("num_steps", "num_minibatches", "update_epochs"))
