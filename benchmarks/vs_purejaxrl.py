@@ -30,18 +30,18 @@ runs ours as the README's Python example does instead, without that process-wide
 (`jax.jit(make_train(config))`; `common/threefry.py` hashes its keys).
 
 `--brax NAME` compares PPO on `brax/NAME` with PureJaxRL's `ppo_continuous_action.py` (Brax's
-positional pipeline for both, PureJaxRL's default): its network (256x256 tanh MLPs, a
-state-independent log-std), observations and rewards normalised, no learning-rate annealing,
-no entropy bonus, and the batch of our Brax preset for that task (`common/presets.py`) in
-both; where the preset is sized for an accelerator, PureJaxRL's own batch (2048 envs x 10
-steps, 32 minibatches; Ant's preset has 4096 envs). The work differs in two places, both ours: a truncated episode bootstraps from V of its
-final observation (PureJaxRL treats the 1000-step limit as a death), and every finished
-episode starts from a fresh random state (Brax's `AutoResetWrapper`, which PureJaxRL uses,
-restarts from the state of the first reset). It is timed without the "+unrolled" run. With
-several seeds, run it on one core (`taskset`) or with `--threads 1`: PureJaxRL initialises
-its network with flax's orthogonal initialiser under `vmap`, which can deadlock jaxlib 0.10.x
-on a multi-threaded CPU pool (`docs/performance.md`, "Known hazard"); it did here, with 4 seeds
-on both cores.
+positional pipeline for both, PureJaxRL's default): its network (256x256 tanh MLPs, a state-
+independent log-std), observations and rewards normalised, no learning-rate annealing, no
+entropy bonus, and the batch of our Brax preset for that task (`common/presets.py`) in both;
+where the preset is sized for an accelerator, PureJaxRL's own batch (2048 envs x 10 steps, 32
+minibatches; Ant's preset has 4096 envs). The work differs in two places, both ours: a truncated
+episode bootstraps from V of its final observation (PureJaxRL treats the 1000-step limit as a
+death), and every finished episode starts from a fresh random state (Brax's `AutoResetWrapper`,
+which PureJaxRL uses, restarts from the state of the first reset). It is timed without the
+"+unrolled" run. With several seeds, run it on one core (`taskset`) or with `--threads 1`:
+PureJaxRL initialises its network with flax's orthogonal initialiser under `vmap`, which can
+deadlock jaxlib 0.10.x on a multi-threaded CPU pool (`docs/performance.md`, "Known hazard"); it
+did here, with 4 seeds on both cores.
 
 `--threads N` sets XLA:CPU's thread pool to N threads (`NPROC`, read when JAX starts its CPU
 backend) for both libraries; 0 keeps XLA's default, one per core. On a small program the pool
