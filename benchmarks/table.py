@@ -13,8 +13,11 @@ from other projects with their sources (`REFERENCES`).
 """
 
 import argparse
+import contextlib
 import dataclasses
 import glob
+import importlib
+import io
 import json
 import os
 import sys
@@ -165,10 +168,6 @@ def retuned_flags(record: dict, words: list) -> list:
     """The flags that a command-line run's recorded command (`words`: `algos/<algo>.py`, then
     its flags) needs so that it builds the config the file records with the presets of today:
     `--field value` (`--field` / `--no-field` for a switch) for every field it sets otherwise."""
-    import contextlib
-    import importlib
-    import io
-
     from common.host import flags
 
     if not words[0].startswith("algos/"):
