@@ -89,8 +89,8 @@ WHEELS = [
     "itsdangerous==2.2.0", "blinker==1.9.0", "click==8.4.0",
     # the `playground` extra: Playground and what loading a Control Suite task imports (its
     # warp-lang, 149 MB, is left out: MJX imports it only if present, and runs without it;
-    # lxml, mediapy and ipython too: no run here imports them)
-    "playground==0.2.0", "tqdm==4.70.1",
+    # mediapy and ipython too: no run here imports them)
+    "playground==0.2.0", "tqdm==4.70.1", "lxml==6.2.0",
 ]
 """Every wheel a run needs beside jax, jaxlib, numpy and scipy (and ml_dtypes and opt_einsum,
 which come with jax): pip installs them with `--no-deps`, so the list is complete. Left out,

@@ -4,6 +4,7 @@ import glob
 import importlib
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -111,10 +112,42 @@ def test_the_accelerator_wheels_are_the_pins_but_what_the_machine_brings():
     assert pins <= set(wheels), pins - set(wheels)
     assert len(names) == len(set(names)) and not machine & set(names)
     # the `playground` extra, but what no run imports (warp-lang: 149 MB, optional for MJX)
-    left_out = {"warp-lang", "lxml", "mediapy", "ipython"}
     playground = {r.lower() for r in project["optional-dependencies"]["playground"]
-                  if r.split("==")[0].lower() not in left_out}
+                  if r.split("==")[0].lower() not in PLAYGROUND_LEFT_OUT}
     assert playground <= set(wheels), playground - set(wheels)
+
+
+PLAYGROUND_LEFT_OUT = {"warp-lang": "warp", "mediapy": "mediapy", "ipython": "IPython"}
+"""The `playground` extra's packages that `accelerator.WHEELS` leaves out: their modules."""
+
+
+@pytest.mark.subprocess
+def test_a_control_suite_task_loads_without_what_the_accelerator_wheels_leave_out():
+    """A Playground task is made and stepped in a process where the modules of the packages
+    that `accelerator.WHEELS` leaves out cannot be imported, as on an accelerator machine
+    that has only those wheels."""
+    pytest.importorskip("mujoco_playground")
+    code = f"""
+import sys
+blocked = {sorted(PLAYGROUND_LEFT_OUT.values())!r}
+class Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in blocked:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, Blocked())
+import jax
+from common.envs import make_env
+env, params, _ = make_env("playground/CartpoleBalance")
+obs, state = env.reset(jax.random.PRNGKey(0), params)
+env.step(jax.random.PRNGKey(1), state, env.action_space(params).sample(jax.random.PRNGKey(2)),
+         params)
+print("stepped", obs.shape, sorted(set(blocked) & set(sys.modules)))
+"""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().endswith("[]"), run.stdout
 
 
 @pytest.mark.subprocess
