@@ -43,7 +43,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from benchmarks.configs import source_commit, summary_figures  # noqa: E402
+from benchmarks.configs import out_file, source_commit, summary_figures  # noqa: E402
 
 
 def bare(algo: str, args: list[str], chunk_loop: bool = False) -> dict:
@@ -283,6 +283,7 @@ def main():
     if args.bare:
         print(json.dumps(bare(args.bare, [a for a in rest if a != "--"], args.chunk_loop)))
         return
+    out_file(parser, args.out)
     record = {"commit": source_commit(), "cpus": len(os.sched_getaffinity(0)),
               "total_timesteps": args.total_timesteps, "repeats": args.repeats}
     if args.checkpoint_cost:
@@ -294,7 +295,6 @@ def main():
                                               args.prime_updates)
     if not args.no_start and not args.checkpoint_cost:
         record["start_to_exit"] = start_to_exit(args.repeats)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(record, f, indent=1)
     print(f"wrote {args.out}")

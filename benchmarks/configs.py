@@ -101,6 +101,21 @@ def library_versions() -> dict:
                                              "gymnax")}
 
 
+def out_file(parser, path: str) -> str:
+    """`path`, the one results file a script writes at its end, checked before it runs
+    anything: a folder, or a folder that cannot be made for it, is `parser`'s error (one line,
+    exit status 2). Makes the file's folder."""
+    if os.path.isdir(path) or path.endswith(os.sep):
+        parser.error(f"--out {path} is a folder; give the results file's path, for example "
+                     f"{os.path.join(path, 'result.json')}")
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as error:
+        parser.error(f"--out {path}: cannot make its folder {folder} ({error.strerror})")
+    return path
+
+
 def save_record(record: dict, out_dir: str, name: str) -> str:
     """Write one result's JSON record to `out_dir/name.json` (a `/` in `name`, as in a
     `brax/...` id, becomes `-`); returns the path."""

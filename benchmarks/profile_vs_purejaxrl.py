@@ -39,7 +39,7 @@ import jax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from algos.ppo import make_train  # noqa: E402
-from benchmarks.configs import source_commit, time_in_alternation  # noqa: E402
+from benchmarks.configs import out_file, source_commit, time_in_alternation  # noqa: E402
 from benchmarks.vs_purejaxrl import (  # noqa: E402
     comparison_parser, configs, load_reference, parse_comparison)
 from common.host.options import whole_number  # noqa: E402
@@ -93,6 +93,7 @@ def main():
                         help="keep the traces (xplane.pb and trace.json.gz) under DIR")
     parser.add_argument("--out", default="benchmarks/results/profile_vs_purejaxrl.json")
     args = parse_comparison(parser)
+    out_file(parser, args.out)
     if args.repeats < 1 or args.top < 1:
         parser.error("--repeats and --top must be at least 1")
 
@@ -133,7 +134,6 @@ def main():
               f"costliest device ops (total ms, runs, op):")
         for op in record[name]["device_ops"][:15]:
             print(f"  {op['us'] / 1e3:9.2f} {op['n']:7d}  {op['op']}  {op['hlo'][:90]}")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"command": " ".join(sys.argv), "commit": source_commit(),
                    "jax": jax.__version__, "device": jax.devices()[0].device_kind,

@@ -72,7 +72,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from algos.ppo import Config, make_train  # noqa: E402
-from benchmarks.configs import source_commit, time_in_alternation  # noqa: E402
+from benchmarks.configs import out_file, source_commit, time_in_alternation  # noqa: E402
 from common.host.logger import final_return  # noqa: E402
 from common.host.options import whole_number  # noqa: E402
 from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
@@ -194,6 +194,7 @@ def main():
     if args.out is None:
         suffix = "_rnn" if args.recurrent else f"_brax-{args.brax}" if args.brax else ""
         args.out = f"benchmarks/results/vs_purejaxrl{suffix}.json"
+    out_file(parser, args.out)
     if args.threads < 0:
         parser.error(f"--threads must be >= 0, got {args.threads}")
     if args.threads:
@@ -256,7 +257,6 @@ def main():
     if "purejaxrl+unrolled" in median:
         print(f"speed ratio ours / purejaxrl+unrolled (medians): "
               f"{median['ours'] / median['purejaxrl+unrolled']:.2f}x")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     with open(args.out, "w") as f:
         json.dump({"command": " ".join(sys.argv), "commit": source_commit(), "jax": jax.__version__,

@@ -299,3 +299,21 @@ def test_the_brax_comparison_runs_purejaxrl_s_settings_whatever_our_preset():
     config, _, _ = configs(10**6, False, "ant")
     assert (config.num_steps, config.num_minibatches, config.update_epochs) == tuple(
         PPO_BRAX_ACCELERATOR[k] for k in ("num_steps", "num_minibatches", "update_epochs"))
+
+
+@pytest.mark.parametrize("script", ["vs_purejaxrl", "profile_vs_purejaxrl", "cli_overhead"])
+def test_a_results_path_that_cannot_be_written_is_one_line_and_exit_2_before_running(
+        script, tmp_path, monkeypatch, capsys):
+    """`--out` naming a folder, or a file under a file, stops the script at once with a line
+    that says why, not with a traceback after the whole run."""
+    module = importlib.import_module(f"benchmarks.{script}")
+    reference = [] if script == "cli_overhead" else ["--reference", str(tmp_path / "none")]
+    (tmp_path / "a-file").write_text("")
+    for out, why in [(tmp_path, "is a folder"),
+                     (tmp_path / "a-file" / "result.json", "cannot make its folder")]:
+        monkeypatch.setattr(sys, "argv", [script, *reference, "--out", str(out)])
+        with pytest.raises(SystemExit) as stop:
+            module.main()
+        assert stop.value.code == 2
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert error.startswith(f"{script}: error: --out {out}") and why in error, error
