@@ -25,7 +25,10 @@ A test that checks the cache itself, or wants its own, sets another directory.
 
 import os
 import shutil
+import sys
 import tempfile
+
+import pytest
 
 FAST_COMPILE = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
                 "--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1")
@@ -40,10 +43,25 @@ if _MADE_HERE:
 os.environ["ONPOLICY_JAX_CACHE"] = os.environ["ONPOLICY_TEST_CACHE"]
 
 
+_STOPPED = []  # the session ended by Ctrl-C (SIGINT)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if exitstatus == pytest.ExitCode.INTERRUPTED:
+        _STOPPED.append(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
-    """The process that made the session's cache removes it at the end."""
+    """The process that made the session's cache removes it at the end. A session stopped by
+    Ctrl-C then leaves at once, its report and JUnit XML written: on a TPU v5e, Python's
+    teardown while XLA still compiled on its worker threads ended in SIGSEGV."""
     if _MADE_HERE:
         shutil.rmtree(os.environ["ONPOLICY_TEST_CACHE"], ignore_errors=True)
+    if _STOPPED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(pytest.ExitCode.INTERRUPTED))
 
 
 def pytest_configure(config):

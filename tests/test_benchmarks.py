@@ -317,3 +317,24 @@ def test_a_results_path_that_cannot_be_written_is_one_line_and_exit_2_before_run
         assert stop.value.code == 2
         error = capsys.readouterr().err.strip().splitlines()[-1]
         assert error.startswith(f"{script}: error: --out {out}") and why in error, error
+
+
+@pytest.mark.subprocess
+def test_a_test_session_stopped_by_ctrl_c_writes_its_report_then_leaves_at_once(tmp_path):
+    """`accelerator.py run tests` stops pytest with SIGINT at its budget, maybe mid-compile:
+    the session (this suite's conftest) writes its JUnit XML and summary, then exits with
+    pytest's status 2 without Python's teardown (no `atexit` handler runs)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    (tmp_path / "test_stop.py").write_text(
+        "import atexit\n\n\ndef test_stop():\n"
+        "    atexit.register(lambda: print('teardown ran', flush=True))\n"
+        "    raise KeyboardInterrupt\n")
+    xml = tmp_path / "report.xml"
+    path = os.pathsep.join([os.path.join(root, "tests"), root, os.environ.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p",
+                          "no:cacheprovider", "--junitxml", str(xml), "test_stop.py"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": path})
+    assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "KeyboardInterrupt" in run.stdout and xml.exists(), run.stdout[-2000:]
+    assert "teardown ran" not in run.stdout + run.stderr
