@@ -441,7 +441,8 @@ def make_train(config: Config, live_progress: bool = False):
         return TrainState(params, make_optimizer(hp, hp.learning_rate).init(params),
                           normalize.init(spec.obs_shape), normalize.init(()),
                           reset(env, env_params, distributed.fold_in_device(key_env), num_envs,
-                                initial_hidden(num_envs)), key)
+                                initial_hidden(num_envs), config.fresh_starts,
+                                config.num_steps), key)
 
     def learn(state: TrainState, hp: HParams, data: Transition, update, hidden=None):
         """One gradient step on the whole rollout `data` (Algorithm S3's update), at the

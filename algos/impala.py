@@ -494,7 +494,8 @@ def make_train(config: Config, live_progress: bool = False):
                           make_optimizer(hp, hp.learning_rate).init(params),
                           normalize.init(spec.obs_shape), normalize.init(()),
                           reset(env, env_params, distributed.fold_in_device(key_env), num_envs,
-                                initial_hidden(num_envs)), key)
+                                initial_hidden(num_envs), config.fresh_starts,
+                                config.num_steps), key)
 
     def learn(state: TrainState, hp: HParams, data: Transition, key, update, hidden=None):
         """The learner's step (Sec. 4.2) on one global batch of whole trajectories `data`

@@ -13,15 +13,16 @@ resets it there itself, so a state never leaks across an automatic reset.
 Fresh starts from a pool (`fresh_starts` < 1): an automatic reset draws a fresh random start
 for every environment at every step and keeps it where an episode ended. Where a reset runs
 the physics' initialisation (Brax; MJX, where it costs as much as a step), most of that work
-is thrown away. With a pool, the rollout draws P = `fresh_starts` x num_envs x num_steps (at
-least num_envs) fresh starts at once (one batched `env.reset`), steps the environments
+is thrown away. With a pool, the rollout draws P = num_envs + `fresh_starts` x num_envs x
+num_steps fresh starts at once (one batched `env.reset`), steps the environments
 without resetting them (`env.step_env`, `env.is_truncated`), and hands the k-th episode that
 ends to the pool's next unused start. The starts are independent draws from `env.reset`'s
 distribution and each begins one episode, so every episode still starts afresh (Brax's
 `AutoResetWrapper` restarts each environment from its first state). Should more episodes end
 in one rollout than the pool holds (episodes shorter than 1 / `fresh_starts` steps on
 average), the later ones reuse its starts, marked in `Trajectory.repeated_start` (the
-`repeated_starts` metric).
+`repeated_starts` metric). The algorithms' first states come from the first rollout's pool
+(`reset` leaves the environments unstarted), so the program holds one batched reset.
 """
 
 import functools
@@ -110,7 +111,10 @@ def per_env(fn, env_params):
 
 @functools.lru_cache(maxsize=32)
 def _cached_jit(fn, env_params):
-    return jax.jit(lambda *args: fn(*args, env_params))
+    def one_env(*args):
+        return fn(*args, env_params)
+    one_env.__name__ = getattr(fn, "__name__", "env")  # the program's name for it: "reset", ...
+    return jax.jit(one_env)
 
 
 def _jitted(fn, env_params):
@@ -144,29 +148,43 @@ def trace_ahead(env, env_params):
     _jitted(env.step_env, env_params).trace(key, state, action)
 
 
-def reset(env, env_params, key, num_envs: int, hidden=None) -> EnvState:
+def reset(env, env_params, key, num_envs: int, hidden=None, fresh_starts: float | None = None,
+          num_steps: int | None = None) -> EnvState:
     """Reset `num_envs` environments with independent keys; `hidden`: a recurrent policy's
-    initial state, leading axis [num_envs] (None for a feed-forward policy)."""
-    obs, env_state = per_env(env.reset, env_params)(jax.random.split(key, num_envs))
+    initial state, leading axis [num_envs] (None for a feed-forward policy).
+
+    Given the `fresh_starts` and `num_steps` the rollouts will use, where those give the
+    rollout a pool of fresh starts (`start_pool_size`), the environments are left unstarted
+    instead (`episode_length` -1, zeros of the reset's shapes; `key` unused): the first
+    `rollout` starts environment i from its pool's entry i, a draw from `env.reset` like any
+    other. The program then holds one batched reset, the pool's, instead of two: PPO's Brax
+    HalfCheetah program (4 seeds x 2,048 environments) went through XLA in 51.0 and 52.0 s
+    instead of 56.8 and 55.9 s on a TPU v5e (docs/performance.md).
+    """
     zeros = jnp.zeros((num_envs,), jnp.float32)
-    return EnvState(env_state, obs.astype(jnp.float32), zeros, jnp.zeros((num_envs,), jnp.int32),
-                    zeros, hidden)
+    keys = jax.random.split(key, num_envs)
+    if num_steps is not None and start_pool_size(env, fresh_starts, num_envs, num_steps):
+        shapes = jax.eval_shape(per_env(env.reset, env_params), keys)  # traced, not run
+        obs, env_state = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        length = jnp.full((num_envs,), -1, jnp.int32)
+    else:
+        (obs, env_state), length = per_env(env.reset, env_params)(keys), zeros.astype(jnp.int32)
+    return EnvState(env_state, obs.astype(jnp.float32), zeros, length, zeros, hidden)
 
 
 def start_pool_size(env, fresh_starts: float | None, num_envs: int, num_steps: int) -> int:
-    """P, the pool of `rollout`: `fresh_starts` (a fraction of the rollout's transitions in
-    (0, 1]; None: the environment's `fresh_starts` attribute, else 1) times num_envs x
-    num_steps, rounded up, and at least num_envs; 0 where that is every transition (a reset at
-    every step).
+    """P, the pool of `rollout`: num_envs starts for the first states (the first rollout
+    gives them: `reset`) and `fresh_starts` (a fraction of the rollout's transitions in (0, 1];
+    None: the environment's `fresh_starts` attribute, else 1) times num_envs x num_steps,
+    rounded up, for the episodes that end; 0 where that is as many as the rollout's
+    transitions (a reset at every step is no dearer).
 
-    At least one batch: a pool of num_envs starts is the first state's batched reset again,
-    and XLA compiles the same computation once. PPO's Brax Ant program (4 seeds x 2,048
-    environments x 10 steps, where 1/16 gives 1,280) went through XLA in 14.0 to 14.1 s
-    instead of 17.8 to 18.2 s on a CPU (fresh processes, alternated); on a TPU v5e no
-    difference was seen (docs/performance.md)."""
+    Every rollout draws the same P, so each has room for F x num_envs x num_steps episodes
+    ending before it reuses a start, the first one too: Brax Ant's first 10 steps under random
+    actions end 40% of its episodes. A Brax reset costs about 2% of a step."""
     if fresh_starts is None:
         fresh_starts = getattr(env, "fresh_starts", 1.0)
-    size = max(math.ceil(fresh_starts * num_envs * num_steps), num_envs)
+    size = num_envs + math.ceil(fresh_starts * num_envs * num_steps)
     return 0 if size >= num_envs * num_steps else size
 
 
@@ -201,6 +219,20 @@ def restart_from_pool(done, obs, env_state, pool: StartPool, used):
             used + jnp.sum(done, dtype=jnp.int32), done & (slot >= size))
 
 
+def start_unstarted(state: EnvState, pool: StartPool):
+    """Start the environments `reset` left unstarted (`episode_length` -1) from the pool: the
+    i-th from entry i (P > num_envs). Returns `(state, used)`, `used` the entries given out:
+    num_envs where any was unstarted (the first rollout), else 0."""
+    num_envs = state.obs.shape[0]
+    unstarted = state.episode_length < 0
+    take = lambda fresh, kept: jnp.where(  # noqa: E731
+        unstarted.reshape(unstarted.shape + (1,) * (kept.ndim - 1)), fresh[:num_envs], kept)
+    started = state._replace(obs=take(pool.obs, state.obs),
+                             env_state=jax.tree.map(take, pool.env_state, state.env_state),
+                             episode_length=jnp.maximum(state.episode_length, 0))
+    return started, jnp.where(unstarted.any(), num_envs, 0).astype(jnp.int32)
+
+
 def keeps_keys(env, env_params, key) -> bool:
     """Whether the state `env.reset` makes from a `common.threefry` key holds a typed key:
     the environment's `keeps_keys` attribute where it has one (an MJX reset takes seconds to
@@ -225,7 +257,8 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
         recurrent state `state.hidden` (None for a feed-forward policy, which returns it
         unchanged); `policy_info` is any pytree with leading axis [num_envs] (e.g. log-prob
         and value).
-      state: the `EnvState` to continue from.
+      state: the `EnvState` to continue from; environments `reset` left unstarted start
+        from the pool (`start_unstarted`).
       key: PRNG key for action sampling and environment steps.
       num_steps: T, the rollout length (static).
       fresh_starts: the pool of fresh starts for the episodes that end (module docstring), as
@@ -240,9 +273,11 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
     action_shape = env.action_space(env_params).shape
     start_pool = start_pool_size(env, fresh_starts, num_envs, num_steps)
     step_env = per_env(env.step_env if start_pool else env.step, env_params)
+    used = jnp.int32(0)
     if start_pool:
         key, key_pool = jax.random.split(key)
         pool = draw_start_pool(env, env_params, key_pool, start_pool)
+        state, used = start_unstarted(state, pool)  # the first rollout: its first states
 
     def one_step(carry, keys):
         state, used = carry
@@ -286,7 +321,7 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
     # so that its state holds the raw keys the carry holds.
     env_keys = (lambda keys: keys) if keeps_keys(env, env_params, key) else straight_keys
     # = lax.scan(one_step, ...), with the carry and the transitions packed (speed on CPU only)
-    (state, _), trajectory = packed_scan(one_step, (state, jnp.int32(0)), step_keys)
+    (state, _), trajectory = packed_scan(one_step, (state, used), step_keys)
     return state, trajectory
 
 

@@ -1,9 +1,12 @@
 """`common.rollout`: termination and truncation kept apart, the true final observation of a
 truncated episode, and the finished episodes' statistics."""
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from common.envs import make_env
 from common.rollout import (StartPool, finished_episode_stats, reset, restart_from_pool, rollout,
@@ -147,7 +150,8 @@ def pendulum_step_reference(obs, action, p):
 
 
 def test_pool_restarts_every_episode_afresh_and_keeps_time_limits_truncations():
-    """64 episodes end in 320 transitions; a pool of 1/4 of them (80 starts) holds them all."""
+    """64 episodes end in 320 transitions; a pool for 1/4 of them (8 + 80 starts) holds them
+    all."""
     traj, params = pendulum_pool_rollout(0.25)
     t = np.arange(traj.obs.shape[0])[:, None]
     truncations = np.broadcast_to((t + 1) % PENDULUM_LIMIT == 0, traj.truncated.shape)
@@ -182,31 +186,107 @@ def test_pool_starts_follow_the_environments_reset_distribution():
 
 
 def test_a_pool_too_small_for_the_episodes_reuses_starts_and_says_so():
-    """A pool of 1/16 of 320 transitions (20 starts) for 64 episodes: the 44 after the 20th
-    reuse starts, flagged at the steps whose episode ended; the first 20 are distinct."""
+    """A pool for 1/16 of 320 transitions (8 + 20 starts, the environments started here by
+    `reset`) for 64 episodes: the 36 after the 28th reuse starts, flagged at the steps whose
+    episode ended; the first 28 are distinct."""
     traj, _ = pendulum_pool_rollout(1 / 16)
     done = traj.truncated
     assert (traj.repeated_start <= done).all()
     # handed out in time-major order: step by step, environments in index order
     in_order = traj.repeated_start.reshape(-1)[np.flatnonzero(done.reshape(-1))]
-    np.testing.assert_array_equal(in_order, [False] * 20 + [True] * 44)
+    np.testing.assert_array_equal(in_order, [False] * 28 + [True] * 36)
     _, _, repeated_sum, count = finished_episode_stats(traj)
-    assert (float(repeated_sum), float(count)) == (44.0, 64.0)
+    assert (float(repeated_sum), float(count)) == (36.0, 64.0)
+
+
+def test_unstarted_environments_start_from_the_first_rollout_s_pool():
+    """`reset` given the rollout's pool leaves the environments unstarted; the first rollout
+    starts them from fresh pool starts: real states (the step from them is the ODE's), each
+    its own, none reused by the 64 restarts that follow (8 + 64 of the pool's 8 + 80)."""
+    env, env_params, spec = make_env("Pendulum-v1")
+    env_params = env_params.replace(max_steps_in_episode=PENDULUM_LIMIT)
+    policy = lambda key, obs, first, h: (  # noqa: E731
+        jax.random.uniform(key, (obs.shape[0], 1), minval=-3.0, maxval=3.0), (), h)
+    state = reset(env, env_params, jax.random.PRNGKey(0), 8, fresh_starts=0.25, num_steps=40)
+    np.testing.assert_array_equal(state.episode_length, -1)
+    roll = jax.jit(lambda s, k: rollout(env, env_params, spec, policy, s, k, 40, 0.25))
+    after, traj = roll(state, jax.random.PRNGKey(1))
+    traj = jax.tree.map(np.asarray, traj)
+    assert traj.first[0].all() and not traj.repeated_start.any()
+    np.testing.assert_allclose(traj.next_obs[0], pendulum_step_reference(
+        traj.obs[0], traj.action[0], env_params), atol=2e-5)
+    np.testing.assert_array_equal(traj.episode_length[4], 5)  # counted from the pool's start
+    starts = traj.obs[traj.first]  # the last step's 8 restarts are the next rollout's
+    assert len(starts) == 8 + 56 and len({tuple(s) for s in np.round(starts, 6)}) == len(starts)
+    # the next rollout continues them: nothing unstarted any more
+    assert (np.asarray(after.episode_length) >= 0).all()
+    np.testing.assert_array_equal(roll(after, jax.random.PRNGKey(2))[1].obs[0], after.obs)
+    # without a pool (a reset at every step), `reset` starts them itself
+    assert (np.asarray(reset(env, env_params, jax.random.PRNGKey(0), 8, fresh_starts=1.0,
+                             num_steps=40).episode_length) == 0).all()
+
+
+def test_the_first_rollout_s_pool_holds_the_first_states_and_its_share_of_restarts():
+    """A pool for 1/80 of 8 x 10 transitions: 8 starts for the first states and 1 for the
+    episodes that end: of the first rollout's 16, the first restarts afresh, the 15 after it
+    reuse starts, and say so."""
+    env, env_params, spec = make_env("Pendulum-v1")
+    env_params = env_params.replace(max_steps_in_episode=PENDULUM_LIMIT)
+    policy = lambda key, obs, first, h: (jnp.zeros((obs.shape[0], 1)), (), h)  # noqa: E731
+    assert start_pool_size(env, 1 / 80, 8, 10) == 9
+    state = reset(env, env_params, jax.random.PRNGKey(0), 8, fresh_starts=1 / 80, num_steps=10)
+    traj = rollout(env, env_params, spec, policy, state, jax.random.PRNGKey(1), 10, 1 / 80)[1]
+    done = np.asarray(traj.truncated)
+    in_order = np.asarray(traj.repeated_start).reshape(-1)[np.flatnonzero(done.reshape(-1))]
+    np.testing.assert_array_equal(in_order, [False] + [True] * 15)
+
+
+def outermost_calls(jaxpr, name: str) -> int:
+    """The jitted calls named `name` in `jaxpr` and the jaxprs inside it, not counting those
+    inside such a call."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        if eqn.params.get("name") == name:
+            count += 1
+            continue
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    count += outermost_calls(inner, name)
+    return count
+
+
+@pytest.mark.parametrize("algo", ["ppo", "a2c", "impala"])
+def test_an_algorithm_with_a_pool_resets_the_environments_once_in_its_program(algo):
+    """With a pool the program holds one batched reset, the pool's (its first states come
+    from the first rollout's pool); without one, the first state's (the step resets)."""
+    module = importlib.import_module(f"algos.{algo}")
+    for fresh_starts, where in ((0.25, "rollout"), (None, "init")):
+        config = module.Config(env_id="Pendulum-v1", total_timesteps=8 * 16 * 2, num_envs=8,
+                               num_steps=16, fresh_starts=fresh_starts,
+                               **({"num_minibatches": 2} if algo != "a2c" else {}))
+        train = module.make_train(config)
+        program = jax.make_jaxpr(train)(jax.random.PRNGKey(0)).jaxpr
+        assert outermost_calls(program, "reset") == 1, (fresh_starts, where)
+        init = jax.make_jaxpr(train.init)(jax.random.PRNGKey(0)).jaxpr
+        assert outermost_calls(init, "reset") == (where == "init")
 
 
 def test_pool_size_and_the_environments_default():
     assert start_pool_size(object(), None, 8, 40) == 0  # gymnax: a reset every step
     assert start_pool_size(object(), 1.0, 8, 40) == 0
-    assert start_pool_size(object(), 0.25, 8, 40) == 80
-    # at least one batch of environments: 1/16 of 2,048 x 10 would be 1,280
-    assert start_pool_size(object(), 1 / 16, 2048, 10) == 2048
-    assert start_pool_size(object(), 1 / 16, 8, 1) == 0  # one batch is every transition
-    assert start_pool_size(object(), 1e-6, 8, 40) == 8  # never less than one batch
+    # one batch of environments for the first states, and F of the transitions
+    assert start_pool_size(object(), 0.25, 8, 40) == 8 + 80
+    assert start_pool_size(object(), 1 / 16, 2048, 10) == 2048 + 1280
+    assert start_pool_size(object(), 1e-6, 8, 40) == 8 + 1
+    assert start_pool_size(object(), 1 / 16, 8, 1) == 0  # more than every transition
+    assert start_pool_size(object(), 0.9, 8, 10) == 0  # 8 + 72 starts: as many
 
     class Dear:
         fresh_starts = 1 / 16
 
-    assert start_pool_size(Dear(), None, 8, 40) == 20
+    assert start_pool_size(Dear(), None, 8, 40) == 8 + 20
 
 
 def test_the_environment_s_python_runs_once_a_rollout_for_one_environment():
@@ -231,4 +311,4 @@ def test_the_first_state_and_the_pool_trace_the_environment_s_reset_once():
     assert len(counted.calls) == 1
     jax.jit(lambda s, k: rollout(counted, env_params, spec, lean_policy, s, k, 4,
                                  fresh_starts=0.5)).lower(state, jax.random.PRNGKey(1))
-    assert len(counted.calls) == 1  # the pool's reset (4 x 3 x 0.5 = 6 starts) reused the trace
+    assert len(counted.calls) == 1  # the pool's reset (3 + 4 x 3 x 0.5 = 9 starts) reused the trace
