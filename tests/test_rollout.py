@@ -121,8 +121,9 @@ def test_restart_from_pool_hands_out_each_start_once_in_order_and_marks_reuse():
 PENDULUM_LIMIT = 5
 
 
-def pendulum_pool_rollout(fresh_starts, num_envs=8, num_steps=40):
-    """Pendulum (no terminal states) with a 5-step time limit and random torques."""
+def pendulum_pool_rollout(fresh_starts, num_envs=8, num_steps=40, from_pool=False):
+    """Pendulum (no terminal states) with a 5-step time limit and random torques; `from_pool`:
+    the first states from the rollout's pool, as the algorithms start (`reset`)."""
     env, env_params, spec = make_env("Pendulum-v1")
     env_params = env_params.replace(max_steps_in_episode=PENDULUM_LIMIT)
     policy = lambda key, obs, first, h: (  # noqa: E731
@@ -130,7 +131,8 @@ def pendulum_pool_rollout(fresh_starts, num_envs=8, num_steps=40):
 
     @jax.jit
     def run(key):
-        state = reset(env, env_params, key, num_envs)
+        state = reset(env, env_params, key, num_envs, fresh_starts=fresh_starts,
+                      num_steps=num_steps if from_pool else None)
         return rollout(env, env_params, spec, policy, state, jax.random.fold_in(key, 1),
                        num_steps, fresh_starts)[1]
 
@@ -171,16 +173,18 @@ def test_pool_restarts_every_episode_afresh_and_keeps_time_limits_truncations():
 
 
 def test_pool_starts_follow_the_environments_reset_distribution():
-    """gymnax's Pendulum starts at theta ~ U(-pi, pi), theta_dot ~ U(-1, 1): the restarts
-    (after the first step) pass Kolmogorov-Smirnov tests against those uniforms."""
+    """gymnax's Pendulum starts at theta ~ U(-pi, pi), theta_dot ~ U(-1, 1): the first states
+    (from the pool, as the algorithms start) and the restarts (after the first step) each pass
+    Kolmogorov-Smirnov tests against those uniforms."""
     from scipy import stats
 
-    traj, _ = pendulum_pool_rollout(0.25, num_envs=64, num_steps=40)
+    traj, _ = pendulum_pool_rollout(0.25, num_envs=64, num_steps=40, from_pool=True)
     starts = traj.obs[1:][traj.first[1:]]
-    assert len(starts) == 64 * 7
-    theta = np.arctan2(starts[:, 1], starts[:, 0])
-    assert stats.kstest(theta, stats.uniform(-np.pi, 2 * np.pi).cdf).pvalue > 0.01
-    assert stats.kstest(starts[:, 2], stats.uniform(-1, 2).cdf).pvalue > 0.01
+    assert len(starts) == 64 * 7 and traj.first[0].all()
+    for sample in (traj.obs[0], starts):
+        theta = np.arctan2(sample[:, 1], sample[:, 0])
+        assert stats.kstest(theta, stats.uniform(-np.pi, 2 * np.pi).cdf).pvalue > 0.01
+        assert stats.kstest(sample[:, 2], stats.uniform(-1, 2).cdf).pvalue > 0.01
     # ... and not the first starts again (Brax's AutoResetWrapper's way)
     assert not np.isin(np.round(starts[:, 2], 6), np.round(traj.obs[0, :, 2], 6)).any()
 
