@@ -158,9 +158,10 @@ def reset(env, env_params, key, num_envs: int, hidden=None, fresh_starts: float 
     fresh starts (`start_pool_size`), the environments are left unstarted instead
     (`episode_length` -1, zeros of the reset's shapes; `key` unused): the first
     `rollout` starts environment i from its pool's entry i, a draw from `env.reset` like any
-    other. The program then holds one batched reset, the pool's, instead of two: PPO's Brax
-    HalfCheetah program (4 seeds x 2,048 environments) went through XLA in 51.0 and 52.0 s
-    instead of 56.8 and 55.9 s on a TPU v5e (docs/performance.md).
+    other. The program then holds one batched reset, the pool's, instead of two: on a TPU v5e
+    a probe of PPO's Brax HalfCheetah program (4 seeds x 2,048 environments) without the
+    first state's reset went through XLA in 51.0 and 52.0 s instead of 56.8 and 55.9 s
+    (docs/performance.md).
     """
     zeros = jnp.zeros((num_envs,), jnp.float32)
     keys = jax.random.split(key, num_envs)
