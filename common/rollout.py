@@ -215,10 +215,16 @@ def restart_from_pool(done, obs, env_state, pool: StartPool, used):
     size = pool.obs.shape[0]
     rank = jnp.cumsum(done, dtype=jnp.int32) - 1  # k for each done environment
     slot = used + rank
-    take = lambda fresh, kept: jnp.where(  # noqa: E731
-        done.reshape(done.shape + (1,) * (kept.ndim - 1)), fresh[slot % size], kept)
-    return (take(pool.obs, obs), jax.tree.map(take, pool.env_state, env_state),
-            used + jnp.sum(done, dtype=jnp.int32), done & (slot >= size))
+    obs, env_state = _where_envs(done, jax.tree.map(lambda x: x[slot % size], pool), obs,
+                                 env_state)
+    return obs, env_state, used + jnp.sum(done, dtype=jnp.int32), done & (slot >= size)
+
+
+def _where_envs(mask, starts: StartPool, obs, env_state):
+    """`starts`' rows where `mask` ([N] bool), else `obs`' and `env_state`'s."""
+    pick = lambda new, kept: jnp.where(  # noqa: E731
+        mask.reshape(mask.shape + (1,) * (kept.ndim - 1)), new, kept)
+    return pick(starts.obs, obs), jax.tree.map(pick, starts.env_state, env_state)
 
 
 def start_unstarted(state: EnvState, pool: StartPool):
@@ -227,10 +233,9 @@ def start_unstarted(state: EnvState, pool: StartPool):
     num_envs where any was unstarted (the first rollout), else 0."""
     num_envs = state.obs.shape[0]
     unstarted = state.episode_length < 0
-    take = lambda fresh, kept: jnp.where(  # noqa: E731
-        unstarted.reshape(unstarted.shape + (1,) * (kept.ndim - 1)), fresh[:num_envs], kept)
-    started = state._replace(obs=take(pool.obs, state.obs),
-                             env_state=jax.tree.map(take, pool.env_state, state.env_state),
+    obs, env_state = _where_envs(unstarted, jax.tree.map(lambda x: x[:num_envs], pool),
+                                 state.obs, state.env_state)
+    started = state._replace(obs=obs, env_state=env_state,
                              episode_length=jnp.maximum(state.episode_length, 0))
     return started, jnp.where(unstarted.any(), num_envs, 0).astype(jnp.int32)
 
