@@ -85,7 +85,8 @@ class PlaygroundEnv(TimeLimitAutoReset):
 
     fresh_starts = 1 / 16
     """The rollout's default pool of fresh starts, per transition (`common/rollout.py`): an MJX
-    reset runs the physics' forward pass, as dear as a step."""
+    reset runs the physics' forward pass, as dear as a step. The Control Suite's episodes
+    last 1,000 steps: a start every 16 steps or so never repeats."""
 
     keeps_keys = True
     """Playground's state keeps its PRNG key (`info["rng"]`), so the rollout gives it JAX's own

@@ -13,16 +13,20 @@ resets it there itself, so a state never leaks across an automatic reset.
 Fresh starts from a pool (`fresh_starts` < 1): an automatic reset draws a fresh random start
 for every environment at every step and keeps it where an episode ended. Where a reset runs
 the physics' initialisation (Brax; MJX, where it costs as much as a step), most of that work
-is thrown away. With a pool, the rollout draws P = num_envs + `fresh_starts` x num_envs x
-num_steps fresh starts at once (one batched `env.reset`), steps the environments
-without resetting them (`env.step_env`, `env.is_truncated`), and hands the k-th episode that
-ends to the pool's next unused start. The starts are independent draws from `env.reset`'s
-distribution and each begins one episode, so every episode still starts afresh (Brax's
-`AutoResetWrapper` restarts each environment from its first state). Should more episodes end
-in one rollout than the pool holds (episodes shorter than 1 / `fresh_starts` steps on
-average), the later ones reuse its starts, marked in `Trajectory.repeated_start` (the
-`repeated_starts` metric). The algorithms' first states come from the first rollout's pool
-(`reset` leaves the environments unstarted), so the program holds one batched reset.
+is thrown away. With a pool, the rollout splits its num_steps into K segments of equal length
+L (K the smallest divisor of num_steps at least `fresh_starts` x num_steps, so L is about
+1 / `fresh_starts`), draws K + 1 fresh starts for every environment at once (one batched
+`env.reset`), steps the environments without resetting them (`env.step_env`,
+`env.is_truncated`), and restarts an environment whose episode ends in segment k from its own
+start k + 1. The starts are independent draws from `env.reset`'s distribution and each begins
+one episode, so every episode still starts afresh (Brax's `AutoResetWrapper` restarts each
+environment from its first state). Start 0 is the first rollout's first state (`reset`
+leaves the environments unstarted), so the program holds one batched reset. An environment
+that ends two episodes in one segment (the second shorter than L steps) restarts the second
+from the same start, marked in `Trajectory.repeated_start` (the `repeated_starts` metric);
+episodes of L steps or more never repeat a start. Each restart is a select between the
+environment's own start and its state, never a gather across environments (on a TPU v5e a
+gather per leaf of Brax Ant's state cost 13% of its step; docs/performance.md).
 """
 
 import functools
@@ -31,6 +35,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from common.envs import EnvSpec, to_env_action
 from common.scan import packed_scan
@@ -85,7 +90,8 @@ class Trajectory(NamedTuple):
 
 
 class StartPool(NamedTuple):
-    """Fresh start states drawn with `env.reset`, leading axis [P]."""
+    """Fresh start states drawn with `env.reset`: leading axis [num_envs], or [K + 1, num_envs]
+    for a rollout's pool (entry 0 the first states, entry k + 1 segment k's restarts)."""
 
     obs: jax.Array
     env_state: Any
@@ -155,17 +161,17 @@ def reset(env, env_params, key, num_envs: int, hidden=None, fresh_starts: float 
 
     Given the `fresh_starts` and `num_steps` the rollouts will use (the same values must reach
     `rollout`: without a pool nothing starts them), where those give the rollout a pool of
-    fresh starts (`start_pool_size`), the environments are left unstarted instead
+    fresh starts (`pool_segments`), the environments are left unstarted instead
     (`episode_length` -1, zeros of the reset's shapes; `key` unused): the first
-    `rollout` starts environment i from its pool's entry i, a draw from `env.reset` like any
-    other. The program then holds one batched reset, the pool's, instead of two: on a TPU v5e
-    a probe of PPO's Brax HalfCheetah program (4 seeds x 2,048 environments) without the
+    `rollout` starts each from its pool's start 0, a draw from `env.reset` like any other.
+    The program then holds one batched reset, the pool's, instead of two: on a TPU v5e a
+    probe of PPO's Brax HalfCheetah program (4 seeds x 2,048 environments) without the
     first state's reset went through XLA in 51.0 and 52.0 s instead of 56.8 and 55.9 s
     (docs/performance.md).
     """
     zeros = jnp.zeros((num_envs,), jnp.float32)
     keys = jax.random.split(key, num_envs)
-    if num_steps is not None and start_pool_size(env, fresh_starts, num_envs, num_steps):
+    if num_steps is not None and pool_segments(env, fresh_starts, num_steps):
         shapes = jax.eval_shape(per_env(env.reset, env_params), keys)  # traced, not run
         obs, env_state = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
         length = jnp.full((num_envs,), -1, jnp.int32)
@@ -174,50 +180,47 @@ def reset(env, env_params, key, num_envs: int, hidden=None, fresh_starts: float 
     return EnvState(env_state, obs.astype(jnp.float32), zeros, length, zeros, hidden)
 
 
-def start_pool_size(env, fresh_starts: float | None, num_envs: int, num_steps: int) -> int:
-    """P, the pool of `rollout`: num_envs starts for the first states (the first rollout
-    gives them: `reset`) and `fresh_starts` (a fraction of the rollout's transitions in (0, 1];
-    None: the environment's `fresh_starts` attribute, else 1) times num_envs x num_steps,
-    rounded up, for the episodes that end; 0 where that is as many as the rollout's
-    transitions (a reset at every step is no dearer).
+def pool_segments(env, fresh_starts: float | None, num_steps: int) -> int:
+    """K, the segments of a rollout with a pool: the smallest divisor of `num_steps` at least
+    `fresh_starts` x `num_steps` (`fresh_starts` in (0, 1]; None: the environment's
+    `fresh_starts` attribute, else 1). Each environment draws K + 1 starts a rollout: one
+    for its first state and one for each segment of L = num_steps / K steps. 0, no pool,
+    where L would be 1 (a start for every step: `env.step`'s own reset is no dearer).
 
-    Every rollout draws the same P, so each has room for F x num_envs x num_steps episodes
-    ending before it reuses a start, the first one too: Brax Ant's first 10 steps under random
-    actions end 40% of its episodes. A Brax reset costs about 2% of a step."""
+    1/16 with 10 steps gives one segment (2 starts an environment), with 480 steps 30
+    segments of 16. A Brax reset costs about 2% of a step."""
     if fresh_starts is None:
         fresh_starts = getattr(env, "fresh_starts", 1.0)
-    size = num_envs + math.ceil(fresh_starts * num_envs * num_steps)
-    return 0 if size >= num_envs * num_steps else size
+    segments = next(k for k in range(1, num_steps + 1)
+                    if num_steps % k == 0 and k >= fresh_starts * num_steps)
+    return 0 if segments == num_steps else segments
 
 
-def draw_start_pool(env, env_params, key, size: int) -> StartPool:
-    """`size` fresh starts of `env`, from independent keys (one batched `env.reset`)."""
-    obs, env_state = per_env(env.reset, env_params)(jax.random.split(key, size))
-    return StartPool(obs.astype(jnp.float32), env_state)
+def draw_start_pool(env, env_params, key, shape: tuple[int, ...]) -> StartPool:
+    """Fresh starts of `env` from independent keys (one batched `env.reset`), leading axes
+    `shape`: [K + 1, num_envs] for a rollout's pool."""
+    keys = jax.random.split(key, math.prod(shape))
+    obs, env_state = per_env(env.reset, env_params)(keys)
+    pool = StartPool(obs.astype(jnp.float32), env_state)
+    return jax.tree.map(lambda x: x.reshape(shape + x.shape[1:]), pool)
 
 
-def restart_from_pool(done, obs, env_state, pool: StartPool, used):
-    """Restart the environments where `done` from the pool's next unused starts.
-
-    The k-th environment (in index order, k = 0, 1, ...) with `done` takes pool entry
-    `(used + k) mod P`; the others keep `obs` and `env_state`.
+def restart_from_pool(done, obs, env_state, starts: StartPool, taken):
+    """Restart the environments where `done` from their own starts; the others keep `obs`
+    and `env_state`.
 
     Args:
       done: [N] bool, the episodes that ended at this step.
       obs, env_state: [N, ...], what the step reached.
-      pool: the rollout's `StartPool`, [P, ...].
-      used: int32 scalar, the entries given out so far in this rollout.
+      starts: the segment's `StartPool`, [N, ...]: environment i's start is row i.
+      taken: [N] bool, the environments that have taken their start in this segment.
 
     Returns:
-      `(obs, env_state, used, repeated)`: `repeated` [N] bool marks the restarts that took an
-      entry given out before (`used + k >= P`).
+      `(obs, env_state, taken, repeated)`: `taken` | `done`, and `repeated` = `done` &
+      `taken`, the restarts from a start given out before.
     """
-    size = pool.obs.shape[0]
-    rank = jnp.cumsum(done, dtype=jnp.int32) - 1  # k for each done environment
-    slot = used + rank
-    obs, env_state = _where_envs(done, jax.tree.map(lambda x: x[slot % size], pool), obs,
-                                 env_state)
-    return obs, env_state, used + jnp.sum(done, dtype=jnp.int32), done & (slot >= size)
+    obs, env_state = _where_envs(done, starts, obs, env_state)
+    return obs, env_state, taken | done, done & taken
 
 
 def _where_envs(mask, starts: StartPool, obs, env_state):
@@ -227,17 +230,13 @@ def _where_envs(mask, starts: StartPool, obs, env_state):
     return pick(starts.obs, obs), jax.tree.map(pick, starts.env_state, env_state)
 
 
-def start_unstarted(state: EnvState, pool: StartPool):
-    """Start the environments `reset` left unstarted (`episode_length` -1) from the pool: the
-    i-th from entry i (P > num_envs). Returns `(state, used)`, `used` the entries given out:
-    num_envs where any was unstarted (the first rollout), else 0."""
-    num_envs = state.obs.shape[0]
+def start_unstarted(state: EnvState, starts: StartPool) -> EnvState:
+    """Start the environments `reset` left unstarted (`episode_length` -1) from `starts`
+    ([num_envs, ...], row i for environment i); a no-op after the first rollout."""
     unstarted = state.episode_length < 0
-    obs, env_state = _where_envs(unstarted, jax.tree.map(lambda x: x[:num_envs], pool),
-                                 state.obs, state.env_state)
-    started = state._replace(obs=obs, env_state=env_state,
-                             episode_length=jnp.maximum(state.episode_length, 0))
-    return started, jnp.where(unstarted.any(), num_envs, 0).astype(jnp.int32)
+    obs, env_state = _where_envs(unstarted, starts, state.obs, state.env_state)
+    return state._replace(obs=obs, env_state=env_state,
+                          episode_length=jnp.maximum(state.episode_length, 0))
 
 
 def keeps_keys(env, env_params, key) -> bool:
@@ -268,33 +267,28 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
         from the pool (`start_unstarted`).
       key: PRNG key for action sampling and environment steps.
       num_steps: T, the rollout length (static).
-      fresh_starts: the pool of fresh starts for the episodes that end (module docstring), as
-        a fraction of the rollout's num_envs x num_steps transitions, in (0, 1]; 1: `env.step`'s
-        own reset of every environment at every step; None: the environment's default
-        (`start_pool_size`).
+      fresh_starts: the pool of fresh starts for the episodes that end (module docstring): a
+        start for each environment every 1 / `fresh_starts` steps or so, in (0, 1]; 1:
+        `env.step`'s own reset of every environment at every step; None: the environment's
+        default (`pool_segments`).
 
     Returns:
       `(state, trajectory)`: the `EnvState` after T steps and a time-major `Trajectory`.
     """
     num_envs = state.obs.shape[0]
     action_shape = env.action_space(env_params).shape
-    start_pool = start_pool_size(env, fresh_starts, num_envs, num_steps)
-    step_env = per_env(env.step_env if start_pool else env.step, env_params)
-    used = jnp.int32(0)
-    if start_pool:
-        key, key_pool = jax.random.split(key)
-        pool = draw_start_pool(env, env_params, key_pool, start_pool)
-        state, used = start_unstarted(state, pool)  # the first rollout: its first states
+    segments = pool_segments(env, fresh_starts, num_steps)
+    step_env = per_env(env.step_env if segments else env.step, env_params)
 
-    def one_step(carry, keys):
-        state, used = carry
+    def one_step(starts, carry, keys):
+        state, taken = carry
         # the policy's key and one per environment; on CPU hashed in straight-line code
         # (common/threefry.py: the same bits)
         key_act, keys = straight_keys(keys[0]), env_keys(keys[1:])
         first = state.episode_length == 0
         action, policy_info, hidden = policy(key_act, state.obs, first, state.hidden)
         env_action = to_env_action(action, spec, action_shape)
-        if start_pool:  # step without resetting, then restart the finished from the pool
+        if segments:  # step without resetting, then restart the finished from their starts
             obs, env_state, reward, terminated, info = step_env(keys, state.env_state,
                                                                 env_action)
             truncated = jax.vmap(env.is_truncated, in_axes=(0, None))(env_state, env_params)
@@ -306,8 +300,9 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
         truncated = jnp.logical_and(truncated.astype(bool), ~terminated)
         done = jnp.logical_or(terminated, truncated)
         repeated = jnp.zeros_like(done)
-        if start_pool:
-            obs, env_state, used, repeated = restart_from_pool(done, obs, env_state, pool, used)
+        if segments:
+            obs, env_state, taken, repeated = restart_from_pool(done, obs, env_state, starts,
+                                                                taken)
         reward = reward.astype(jnp.float32)
         episode_return = state.episode_return + reward
         episode_length = state.episode_length + 1
@@ -319,17 +314,33 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
         state = EnvState(env_state, obs.astype(jnp.float32),
                          jnp.where(done, 0.0, episode_return), jnp.where(done, 0, episode_length),
                          state.discounted_return, hidden)
-        return (state, used), transition
+        return (state, taken), transition
+
+    def segment(state, xs):
+        """Steps with the same starts, `packed_scan` = lax.scan with the carry and the
+        transitions packed (speed on CPU only)."""
+        starts, keys = xs
+        taken = jnp.zeros((num_envs,), bool) if segments else None
+        (state, _), trajectory = packed_scan(functools.partial(one_step, starts),
+                                             (state, taken), keys)
+        return state, trajectory
 
     # Every step's keys, drawn before the loop in one call: [T, 1 + N] (a hash inside the loop
     # is a chain of dependent operations, at every step)
+    if segments:
+        key, key_pool = jax.random.split(key)
     step_keys = raw_keys(jax.random.split(straight_keys(key), (num_steps, 1 + num_envs)))
     # An environment whose state keeps a key (Playground's `info["rng"]`) gets JAX's own keys,
     # so that its state holds the raw keys the carry holds.
     env_keys = (lambda keys: keys) if keeps_keys(env, env_params, key) else straight_keys
-    # = lax.scan(one_step, ...), with the carry and the transitions packed (speed on CPU only)
-    (state, _), trajectory = packed_scan(one_step, (state, used), step_keys)
-    return state, trajectory
+    if not segments:
+        return segment(state, (None, step_keys))
+    pool = draw_start_pool(env, env_params, key_pool, (segments + 1, num_envs))
+    state = start_unstarted(state, jax.tree.map(lambda x: x[0], pool))  # the first rollout's
+    restarts = jax.tree.map(lambda x: x[1:], pool)  # [K, N, ...]: segment k's starts
+    step_keys = step_keys.reshape((segments, num_steps // segments) + step_keys.shape[1:])
+    state, trajectory = lax.scan(segment, state, (restarts, step_keys))
+    return state, jax.tree.map(lambda x: x.reshape((num_steps,) + x.shape[2:]), trajectory)
 
 
 def finished_episode_stats(trajectory: Trajectory):

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from common.envs import make_env
-from common.rollout import (StartPool, finished_episode_stats, reset, restart_from_pool, rollout,
-                            start_pool_size)
+from common.rollout import (StartPool, finished_episode_stats, pool_segments, reset,
+                            restart_from_pool, rollout)
 
 
 def lean_policy(key, obs, first, hidden):
@@ -89,33 +89,35 @@ def test_rollout_terminates_without_truncation_flag():
 
 
 # --- fresh starts from a pool ----------------------------------------------------------------
-def restart_reference(done, obs, pool_obs, used):
-    """NumPy: the k-th finished environment, in index order, takes pool entry (used + k) % P."""
-    obs, repeated, k = obs.copy(), np.zeros(len(done), bool), 0
-    for i in np.flatnonzero(done):
-        obs[i] = pool_obs[(used + k) % len(pool_obs)]
-        repeated[i] = used + k >= len(pool_obs)
-        k += 1
-    return obs, used + k, repeated
+def restart_reference(done, obs, starts, taken):
+    """NumPy: a finished environment takes its own start (its row of `starts`); it is a repeat
+    where that environment had taken it already."""
+    obs, repeated, taken = obs.copy(), np.zeros(len(done), bool), taken.copy()
+    for i in range(len(done)):
+        if done[i]:
+            obs[i], repeated[i], taken[i] = starts[i], taken[i], True
+    return obs, taken, repeated
 
 
-def test_restart_from_pool_hands_out_each_start_once_in_order_and_marks_reuse():
+def test_restart_from_pool_gives_each_environment_its_own_start_and_marks_reuse():
     rng = np.random.default_rng(0)
-    pool_obs = rng.normal(size=(5, 3)).astype(np.float32)
-    pool = StartPool(jnp.asarray(pool_obs), {"s": jnp.asarray(pool_obs[:, 0] * 10)})
+    starts_obs = rng.normal(size=(6, 3)).astype(np.float32)
+    starts = StartPool(jnp.asarray(starts_obs), {"s": jnp.asarray(starts_obs[:, 0] * 10)})
     obs = rng.normal(size=(6, 3)).astype(np.float32)
     restart = jax.jit(restart_from_pool)
-    for done, used in [([0, 1, 0, 1, 1, 0], 0), ([1, 0, 0, 0, 0, 1], 2), ([1, 1, 1, 1, 1, 1], 3),
-                       ([0] * 6, 4)]:
+    taken = np.zeros(6, bool)
+    for done in ([0, 1, 0, 1, 1, 0], [1, 0, 0, 0, 0, 1], [1, 1, 1, 1, 1, 1], [0] * 6):
         done = np.array(done, bool)
-        want_obs, want_used, want_repeated = restart_reference(done, obs, pool_obs, used)
-        got_obs, got_state, got_used, got_repeated = restart(
-            jnp.asarray(done), jnp.asarray(obs), {"s": jnp.asarray(obs[:, 0] * 10)}, pool,
-            jnp.int32(used))
+        want_obs, want_taken, want_repeated = restart_reference(done, obs, starts_obs, taken)
+        got_obs, got_state, got_taken, got_repeated = restart(
+            jnp.asarray(done), jnp.asarray(obs), {"s": jnp.asarray(obs[:, 0] * 10)}, starts,
+            jnp.asarray(taken))
         np.testing.assert_array_equal(got_obs, want_obs)
         np.testing.assert_array_equal(got_state["s"], want_obs[:, 0] * 10)  # state follows obs
-        assert int(got_used) == want_used
+        np.testing.assert_array_equal(got_taken, want_taken)
         np.testing.assert_array_equal(got_repeated, want_repeated)
+        taken = want_taken
+    assert taken.all() and want_repeated.sum() == 0  # the last step: nothing ended
 
 
 PENDULUM_LIMIT = 5
@@ -152,8 +154,8 @@ def pendulum_step_reference(obs, action, p):
 
 
 def test_pool_restarts_every_episode_afresh_and_keeps_time_limits_truncations():
-    """64 episodes end in 320 transitions; a pool for 1/4 of them (8 + 80 starts) holds them
-    all."""
+    """64 episodes of 5 steps end in 320 transitions; with 1/4, 10 segments of 4 steps, so no
+    environment ends two in one segment: none repeats a start."""
     traj, params = pendulum_pool_rollout(0.25)
     t = np.arange(traj.obs.shape[0])[:, None]
     truncations = np.broadcast_to((t + 1) % PENDULUM_LIMIT == 0, traj.truncated.shape)
@@ -189,24 +191,31 @@ def test_pool_starts_follow_the_environments_reset_distribution():
     assert not np.isin(np.round(starts[:, 2], 6), np.round(traj.obs[0, :, 2], 6)).any()
 
 
-def test_a_pool_too_small_for_the_episodes_reuses_starts_and_says_so():
-    """A pool for 1/16 of 320 transitions (8 + 20 starts, the environments started here by
-    `reset`) for 64 episodes: the 36 after the 28th reuse starts, flagged at the steps whose
-    episode ended; the first 28 are distinct."""
+def test_episodes_shorter_than_a_segment_reuse_its_start_and_say_so():
+    """1/16 of 40 steps: 4 segments of 10 steps. Every environment ends its 5-step episodes at
+    steps 4 and 9 of each segment: the first restart takes the environment's fresh start,
+    the second the same start again, flagged at the step whose episode ended. With 1/5,
+    segments of 5 steps, as long as the episodes: none repeats."""
+    assert pool_segments(None, 1 / 16, 40) == 4 and pool_segments(None, 1 / 5, 40) == 8
     traj, _ = pendulum_pool_rollout(1 / 16)
     done = traj.truncated
     assert (traj.repeated_start <= done).all()
-    # handed out in time-major order: step by step, environments in index order
-    in_order = traj.repeated_start.reshape(-1)[np.flatnonzero(done.reshape(-1))]
-    np.testing.assert_array_equal(in_order, [False] * 28 + [True] * 36)
+    ends = np.flatnonzero(done.all(1))
+    np.testing.assert_array_equal(ends, np.arange(4, 40, 5))  # all 8 environments together
+    np.testing.assert_array_equal(traj.repeated_start[ends],
+                                  np.repeat(np.arange(8)[:, None] % 2 == 1, 8, 1))
     _, _, repeated_sum, count = finished_episode_stats(traj)
-    assert (float(repeated_sum), float(count)) == (36.0, 64.0)
+    assert (float(repeated_sum), float(count)) == (32.0, 64.0)
+    # the repeat starts where the segment's first restart started; the next segment afresh
+    np.testing.assert_array_equal(traj.obs[10], traj.obs[5])
+    assert (traj.obs[15] != traj.obs[5]).all(1).all()
+    assert not pendulum_pool_rollout(1 / 5)[0].repeated_start.any()
 
 
 def test_unstarted_environments_start_from_the_first_rollout_s_pool():
     """`reset` given the rollout's pool leaves the environments unstarted; the first rollout
     starts them from fresh pool starts: real states (the step from them is the ODE's), each
-    its own, none reused by the 64 restarts that follow (8 + 64 of the pool's 8 + 80)."""
+    its own, none reused by the 56 restarts that follow (10 segments of 4 steps)."""
     env, env_params, spec = make_env("Pendulum-v1")
     env_params = env_params.replace(max_steps_in_episode=PENDULUM_LIMIT)
     policy = lambda key, obs, first, h: (  # noqa: E731
@@ -231,18 +240,23 @@ def test_unstarted_environments_start_from_the_first_rollout_s_pool():
 
 
 def test_the_first_rollout_s_pool_holds_the_first_states_and_its_share_of_restarts():
-    """A pool for 1/80 of 8 x 10 transitions: 8 starts for the first states and 1 for the
-    episodes that end: of the first rollout's 16, the first restarts afresh, the 15 after it
-    reuse starts, and say so."""
+    """1/80 of 10 steps: one segment, two starts for each environment, its first state and one
+    restart. Of the first rollout's 16 episodes that end (2 in each of 8 environments), each
+    environment's first restarts afresh (not from its first state) and its second reuses
+    that start, and says so."""
     env, env_params, spec = make_env("Pendulum-v1")
     env_params = env_params.replace(max_steps_in_episode=PENDULUM_LIMIT)
     policy = lambda key, obs, first, h: (jnp.zeros((obs.shape[0], 1)), (), h)  # noqa: E731
-    assert start_pool_size(env, 1 / 80, 8, 10) == 9
+    assert pool_segments(env, 1 / 80, 10) == 1
     state = reset(env, env_params, jax.random.PRNGKey(0), 8, fresh_starts=1 / 80, num_steps=10)
-    traj = rollout(env, env_params, spec, policy, state, jax.random.PRNGKey(1), 10, 1 / 80)[1]
+    after, traj = rollout(env, env_params, spec, policy, state, jax.random.PRNGKey(1), 10,
+                          1 / 80)
     done = np.asarray(traj.truncated)
     in_order = np.asarray(traj.repeated_start).reshape(-1)[np.flatnonzero(done.reshape(-1))]
-    np.testing.assert_array_equal(in_order, [False] + [True] * 15)
+    np.testing.assert_array_equal(in_order, [False] * 8 + [True] * 8)
+    obs = np.asarray(traj.obs)
+    assert (obs[5] != obs[0]).all(1).all()
+    np.testing.assert_array_equal(after.obs, obs[5])  # step 9's restart is step 4's
 
 
 def outermost_calls(jaxpr, name: str) -> int:
@@ -277,20 +291,23 @@ def test_an_algorithm_with_a_pool_resets_the_environments_once_in_its_program(al
         assert outermost_calls(init, "reset") == (where == "init")
 
 
-def test_pool_size_and_the_environments_default():
-    assert start_pool_size(object(), None, 8, 40) == 0  # gymnax: a reset every step
-    assert start_pool_size(object(), 1.0, 8, 40) == 0
-    # one batch of environments for the first states, and F of the transitions
-    assert start_pool_size(object(), 0.25, 8, 40) == 8 + 80
-    assert start_pool_size(object(), 1 / 16, 2048, 10) == 2048 + 1280
-    assert start_pool_size(object(), 1e-6, 8, 40) == 8 + 1
-    assert start_pool_size(object(), 1 / 16, 8, 1) == 0  # more than every transition
-    assert start_pool_size(object(), 0.9, 8, 10) == 0  # 8 + 72 starts: as many
+def test_pool_segments_and_the_environments_default():
+    assert pool_segments(object(), None, 40) == 0  # gymnax: a reset every step
+    assert pool_segments(object(), 1.0, 40) == 0
+    # the smallest divisor of num_steps at least F x num_steps
+    assert pool_segments(object(), 0.25, 40) == 10
+    assert pool_segments(object(), 1 / 16, 10) == 1
+    assert pool_segments(object(), 1 / 16, 480) == 30
+    assert pool_segments(object(), 0.3, 10) == 5
+    assert pool_segments(object(), 1e-6, 40) == 1
+    assert pool_segments(object(), 1 / 16, 1) == 0  # a start for every step
+    assert pool_segments(object(), 0.9, 10) == 0
+    assert pool_segments(object(), 0.5, 7) == 0  # 7 is prime
 
     class Dear:
         fresh_starts = 1 / 16
 
-    assert start_pool_size(Dear(), None, 8, 40) == 8 + 20
+    assert pool_segments(Dear(), None, 40) == 4
 
 
 def test_the_environment_s_python_runs_once_a_rollout_for_one_environment():
