@@ -74,11 +74,11 @@ class Config:
     num_steps: int = 128
     """Steps per environment per rollout."""
     fresh_starts: float | None = None
-    """Fresh random starts drawn per rollout for the episodes that end in it, as a fraction of
-    its num_envs x num_steps transitions, and num_envs more, the first rollout's first states
-    (each used once; `common/rollout.py`): 1/16 serves episodes of 16 steps and longer on
-    average. 1: every environment draws one at every step. None: 1 for gymnax, 1/16 for Brax
-    and Playground, whose resets cost a physics initialisation."""
+    """Fresh random starts drawn per rollout for the episodes that end in it: each environment
+    gets one for every segment of about 1 / fresh_starts of its num_steps, and one for its
+    first state (`common/rollout.py`); an episode shorter than a segment may reuse one. 1:
+    every environment draws one at every step. None: 1 for gymnax, 1/4 for Brax and 1/16 for
+    Playground, whose resets cost a physics initialisation."""
     normalize_obs: bool = False
     """Normalise observations with running mean and variance (`common/normalize.py`)."""
     normalize_reward: bool = False
