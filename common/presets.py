@@ -184,8 +184,8 @@ _PPO_BRAX_CPU = dict(num_envs=64, num_steps=32, num_minibatches=8, update_epochs
 # PPO on Hopper and the inverted pendulum, sized for a CPU: the same algorithm settings as
 # PureJaxRL's, on 64 envs x 32 steps in 8 minibatches (2,048 transitions an update instead
 # of 20,480): ten times the updates per sample, which is what a CPU's few thousand steps a
-# second need. Hopper reached 1801 at 3e6 steps (2 seeds, 6 minutes of training on one core)
-# and the pendulum 1000 on 4 of 4 seeds at 1e6 (docs/environments.md).
+# second need. Hopper reached 1514 at 3e6 steps (2 seeds, 5 minutes of training on both
+# cores) and the pendulum 1000 on 4 of 4 seeds at 1e6 (docs/environments.md).
 for _env in BRAX:
     PRESETS[("ppo", _env)] = dict(PPO_BRAX_ACCELERATOR)
 PRESETS[("ppo", "brax/ant")] = dict(PPO_BRAX_ANT)
