@@ -107,14 +107,17 @@ def test_flat_optimizer_and_sgd_scan_equal_the_optimiser_on_the_tree_also_beside
             np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7, err_msg=name)
         changed = jax.tree.map(lambda a, b: bool(jnp.any(a != b)), got, params)
         assert all(jax.tree.leaves(changed)), name  # every leaf was trained
-        for optimizer in (on_tree, flat):
+        # a flat optimiser steps the vector form (CPU) or the tree (elsewhere), its state
+        # flat either way
+        for optimizer, vector_steps in ((on_tree, None), (flat, True), (flat, False)):
             scanned, state, losses = jax.jit(lambda p: sgd_scan(
                 lambda p, b: (loss(p, b), loss(p, b)), optimizer, p, optimizer.init(p),
-                batches))(params)
+                batches, vector_steps=vector_steps))(params)
             assert losses.shape == (5,), name
             for g, w in zip(jax.tree.leaves(scanned), jax.tree.leaves(want)):
                 np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7, err_msg=name)
             expected_state = jax.jit(lambda p: sgd(optimizer, p)[1])(params)
+            assert jax.tree.structure(state) == jax.tree.structure(expected_state), name
             for g, w in zip(jax.tree.leaves(state), jax.tree.leaves(expected_state)):
                 np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7, err_msg=name)
     # under vmap over two parameter sets (seeds): each as alone
@@ -129,6 +132,40 @@ def test_flat_optimizer_and_sgd_scan_equal_the_optimiser_on_the_tree_also_beside
     with_decay = jax.jit(lambda p: sgd(optax.chain(decay(), flat_optimizer(inner())), p)[0])(
         params)
     assert not np.allclose(no_decay["a"]["kernel"], with_decay["a"]["kernel"])
+
+
+def test_tree_state_and_flat_state_move_adam_s_moments_between_vector_and_tree():
+    """`tree_state` cuts a flat optimiser's moments (one vector each, `vector_form`'s order:
+    the bias-like leaves, then the matrices) into trees shaped like the parameters, leaving
+    the step count; `flat_state` joins them back into the same structure, bit for bit."""
+    import optax
+
+    from common.minibatch import flat_optimizer, flat_state, tree_state, vector_form
+
+    params = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.arange(3.0) + 10,
+              "v": {"k": jnp.arange(4.0).reshape(4, 1) + 20, "s": jnp.float32(30)}}
+    inner = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))
+    flat = flat_optimizer(inner)
+    state = flat.init(params)
+    vector = vector_form(params).ravel(vector_form(params).to_carry(params))
+    # moments holding the parameters' own values (vector: b, s, then k, w)
+    np.testing.assert_array_equal(vector, [10, 11, 12, 30, 20, 21, 22, 23, 0, 1, 2, 3, 4, 5])
+    adam = state[1][0]
+    state = (state[0], (adam._replace(count=jnp.int32(7), mu=vector, nu=2 * vector),) +
+             state[1][1:])
+    tree = tree_state(inner, params, state)
+    assert jax.tree.structure(tree) == jax.tree.structure(inner.init(params))
+    assert int(tree[1][0].count) == 7
+    for got, want in ((tree[1][0].mu, params),
+                      (tree[1][0].nu, jax.tree.map(lambda x: 2 * x, params))):
+        assert jax.tree.structure(got) == jax.tree.structure(want)
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            assert g.shape == jnp.shape(w)
+            np.testing.assert_array_equal(g, w)
+    back = flat_state(params, tree, state)
+    assert jax.tree.structure(back) == jax.tree.structure(state)
+    for g, w in zip(jax.tree.leaves(back), jax.tree.leaves(state)):
+        np.testing.assert_array_equal(g, w)
 
 
 def test_permutation_sorts_packed_keys_on_cpu_and_is_jax_s_permutation_elsewhere():

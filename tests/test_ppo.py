@@ -105,11 +105,14 @@ def test_ppo_loss_matches_a_hand_computation_on_every_clipping_branch(norm_adv, 
                                atol=1e-6)
 
 
-def test_learn_is_plain_minibatch_sgd_with_optax_and_a_kl_stop_keeps_the_epochs_before_it():
+def test_learn_is_plain_minibatch_sgd_with_optax_and_a_kl_stop_keeps_the_epochs_before_it(
+        monkeypatch):
     """`learn`'s packed loop and flattened Adam (speed only) give what plain optax on the
     parameter tree gives: two epochs of two minibatches, replayed here with `lax.scan`. With a
     `target_kl` the first epoch exceeds, the second epoch does not run: the parameters are
-    those of the first epoch alone and `ran` says so."""
+    those of the first epoch alone and `ran` says so. The program traced for a TPU (Adam's
+    steps on the tree, its state flat between updates) gives the same, and an optimiser
+    state of the same structure."""
     import optax
 
     from algos.ppo import ActorCritic, ppo_loss
@@ -121,9 +124,12 @@ def test_learn_is_plain_minibatch_sgd_with_optax_and_a_kl_stop_keeps_the_epochs_
     data = random_batch(config.batch_size)
     key = jax.random.PRNGKey(2)
 
-    def learn(target_kl):
-        train = make_train(dataclasses.replace(config, target_kl=target_kl))
-        return jax.jit(train.learn, static_argnums=4)(state, config.hparams(), data, key, 0)
+    def learn(target_kl, backend="cpu"):
+        with monkeypatch.context() as patch:
+            patch.setattr(jax, "default_backend", lambda: backend)  # as traced there
+            train = make_train(dataclasses.replace(config, target_kl=target_kl))
+            return jax.jit(train.learn, static_argnums=4)(state, config.hparams(), data, key,
+                                                          0)
 
     network = ActorCritic(make_env("CartPole-v1")[2])
     optimizer = optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
@@ -148,9 +154,10 @@ def test_learn_is_plain_minibatch_sgd_with_optax_and_a_kl_stop_keeps_the_epochs_
         return params
 
     replay, wants = jax.jit(reference, static_argnums=1), {}
-    for target_kl, epochs in ((None, 2), (1e-9, 1)):
-        params, _, info, ran = learn(target_kl)
+    for target_kl, epochs, backend in ((None, 2, "cpu"), (1e-9, 1, "cpu"), (None, 2, "tpu")):
+        params, opt_state, info, ran = learn(target_kl, backend)
         np.testing.assert_array_equal(ran, [1.0] * epochs + [0.0] * (2 - epochs))
+        assert jax.tree.structure(opt_state) == jax.tree.structure(state.opt_state)
         wants[epochs] = replay(state.params, epochs)
         for g, w in zip(jax.tree.leaves(params), jax.tree.leaves(wants[epochs])):
             np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6, err_msg=str(target_kl))
