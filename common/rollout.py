@@ -15,23 +15,23 @@ for every environment at every step and keeps it where an episode ended. Where a
 the physics' initialisation (Brax; MJX, where it costs as much as a step), most of that work
 is thrown away. With a pool, the rollout splits its num_steps into K segments of equal length
 L (K the smallest divisor of num_steps at least `fresh_starts` x num_steps, so L is about
-1 / `fresh_starts`), draws K + 1 fresh starts for every environment at once (one batched
+1 / `fresh_starts`). Each segment draws one fresh start for every environment (one batched
 `env.reset`), steps the environments without resetting them (`env.step_env`,
-`env.is_truncated`), and restarts an environment whose episode ends in segment k from its own
-start k + 1. The starts are independent draws from `env.reset`'s distribution and each begins
+`env.is_truncated`), and restarts an environment whose episode ends in the segment from its
+own start. The starts are independent draws from `env.reset`'s distribution and each begins
 one episode, so every episode still starts afresh (Brax's `AutoResetWrapper` restarts each
-environment from its first state). Start 0 is the first rollout's first state (`reset`
-leaves the environments unstarted), so the program holds one batched reset. An environment
-that ends two episodes in one segment (the second shorter than L steps) restarts the second
-from the same start, marked in `Trajectory.repeated_start` (the `repeated_starts` metric);
+environment from its first state). `reset` leaves the environments unstarted and the first
+segment starts them from its starts, so the program holds one batched reset, inside the
+loop over segments. An environment that ends two episodes in one segment (the second shorter
+than L steps), or ends its first episode within the first segment, restarts from a start it
+has taken already, marked in `Trajectory.repeated_start` (the `repeated_starts` metric);
 episodes of L steps or more never repeat a start. Each restart is a select between the
-environment's own start and its state, never a gather across environments: on a TPU v5e
-Brax Ant's rollout took 6,302 us a step with a pool shared by all environments (a gather
-per leaf of its state) and 5,639 us with these selects (docs/performance.md).
+environment's own start and its state, never a gather across environments, and each
+segment's starts are made where they are used, never cut out of a larger pool: on a TPU v5e
+both cost Brax Ant more than its reset (docs/performance.md).
 """
 
 import functools
-import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -91,8 +91,8 @@ class Trajectory(NamedTuple):
 
 
 class StartPool(NamedTuple):
-    """Fresh start states drawn with `env.reset`: leading axis [num_envs], or [K + 1, num_envs]
-    for a rollout's pool (entry 0 the first states, entry k + 1 segment k's restarts)."""
+    """Fresh start states drawn with `env.reset`, leading axis [num_envs]: a segment's starts,
+    row i environment i's."""
 
     obs: jax.Array
     env_state: Any
@@ -164,10 +164,10 @@ def reset(env, env_params, key, num_envs: int, hidden=None, fresh_starts: float 
     `rollout`: without a pool nothing starts them), where those give the rollout a pool of
     fresh starts (`pool_segments`), the environments are left unstarted instead
     (`episode_length` -1, zeros of the reset's shapes; `key` unused): the first
-    `rollout` starts each from its pool's start 0, a draw from `env.reset` like any other.
-    The program then holds one batched reset, the pool's, instead of two: on a TPU v5e a
-    probe of PPO's Brax HalfCheetah program (4 seeds x 2,048 environments) without the
-    first state's reset went through XLA in 51.0 and 52.0 s instead of 56.8 and 55.9 s
+    `rollout` starts each from its first segment's start, a draw from `env.reset` like any
+    other. The program then holds one batched reset, the segments', instead of two: on a
+    TPU v5e a probe of PPO's Brax HalfCheetah program (4 seeds x 2,048 environments) without
+    the first state's reset went through XLA in 51.0 and 52.0 s instead of 56.8 and 55.9 s
     (docs/performance.md).
     """
     zeros = jnp.zeros((num_envs,), jnp.float32)
@@ -184,12 +184,12 @@ def reset(env, env_params, key, num_envs: int, hidden=None, fresh_starts: float 
 def pool_segments(env, fresh_starts: float | None, num_steps: int) -> int:
     """K, the segments of a rollout with a pool: the smallest divisor of `num_steps` at least
     `fresh_starts` x `num_steps` (`fresh_starts` in (0, 1]; None: the environment's
-    `fresh_starts` attribute, else 1). Each environment draws K + 1 starts a rollout: one
-    for its first state and one for each segment of L = num_steps / K steps. 0, no pool,
-    where L would be 1 (a start for every step: `env.step`'s own reset is no dearer).
+    `fresh_starts` attribute, else 1). Each environment draws a start in each segment of
+    L = num_steps / K steps. 0, no pool, where L would be 1 (a start for every step:
+    `env.step`'s own reset is no dearer).
 
-    1/4 (Brax's default) with 10 steps gives 5 segments of 2 (6 starts an environment); 1/16
-    (Playground's) with 480 steps 30 segments of 16. A Brax reset costs about 2% of a step."""
+    1/4 (Brax's default) with 10 steps gives 5 segments of 2; 1/16 (Playground's) with 480
+    steps 30 segments of 16. A Brax reset costs about 2% of a step."""
     if fresh_starts is None:
         fresh_starts = getattr(env, "fresh_starts", 1.0)
     segments = next(k for k in range(1, num_steps + 1)
@@ -197,13 +197,11 @@ def pool_segments(env, fresh_starts: float | None, num_steps: int) -> int:
     return 0 if segments == num_steps else segments
 
 
-def draw_start_pool(env, env_params, key, shape: tuple[int, ...]) -> StartPool:
-    """Fresh starts of `env` from independent keys (one batched `env.reset`), leading axes
-    `shape`: [K + 1, num_envs] for a rollout's pool."""
-    keys = jax.random.split(key, math.prod(shape))
-    obs, env_state = per_env(env.reset, env_params)(keys)
-    pool = StartPool(obs.astype(jnp.float32), env_state)
-    return jax.tree.map(lambda x: x.reshape(shape + x.shape[1:]), pool)
+def draw_starts(env, env_params, key, num_envs: int) -> StartPool:
+    """A fresh start of `env` for each of `num_envs` environments, from independent keys (one
+    batched `env.reset`)."""
+    obs, env_state = per_env(env.reset, env_params)(jax.random.split(key, num_envs))
+    return StartPool(obs.astype(jnp.float32), env_state)
 
 
 def restart_from_pool(done, obs, env_state, starts: StartPool, taken):
@@ -231,13 +229,15 @@ def _where_envs(mask, starts: StartPool, obs, env_state):
     return pick(starts.obs, obs), jax.tree.map(pick, starts.env_state, env_state)
 
 
-def start_unstarted(state: EnvState, starts: StartPool) -> EnvState:
+def start_unstarted(state: EnvState, starts: StartPool):
     """Start the environments `reset` left unstarted (`episode_length` -1) from `starts`
-    ([num_envs, ...], row i for environment i); a no-op after the first rollout."""
+    ([num_envs, ...], row i for environment i); a no-op after the first segment.
+
+    Returns `(state, unstarted)`: `unstarted` [num_envs] bool, the environments started."""
     unstarted = state.episode_length < 0
     obs, env_state = _where_envs(unstarted, starts, state.obs, state.env_state)
     return state._replace(obs=obs, env_state=env_state,
-                          episode_length=jnp.maximum(state.episode_length, 0))
+                          episode_length=jnp.maximum(state.episode_length, 0)), unstarted
 
 
 def keeps_keys(env, env_params, key) -> bool:
@@ -265,7 +265,7 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
         unchanged); `policy_info` is any pytree with leading axis [num_envs] (e.g. log-prob
         and value).
       state: the `EnvState` to continue from; environments `reset` left unstarted start
-        from the pool (`start_unstarted`).
+        from the first segment's starts (`start_unstarted`).
       key: PRNG key for action sampling and environment steps.
       num_steps: T, the rollout length (static).
       fresh_starts: the pool of fresh starts for the episodes that end (module docstring): a
@@ -319,9 +319,14 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
 
     def segment(state, xs):
         """Steps with the same starts, `packed_scan` = lax.scan with the carry and the
-        transitions packed (speed on CPU only)."""
-        starts, keys = xs
-        taken = jnp.zeros((num_envs,), bool) if segments else None
+        transitions packed (speed on CPU only). With a pool, the segment first draws each
+        environment's start (one batched reset) and starts the environments `reset` left
+        unstarted from it: they have taken their start."""
+        key_starts, keys = xs
+        starts = taken = None
+        if segments:
+            starts = draw_starts(env, env_params, key_starts, num_envs)
+            state, taken = start_unstarted(state, starts)
         (state, _), trajectory = packed_scan(functools.partial(one_step, starts),
                                              (state, taken), keys)
         return state, trajectory
@@ -336,11 +341,9 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
     env_keys = (lambda keys: keys) if keeps_keys(env, env_params, key) else straight_keys
     if not segments:
         return segment(state, (None, step_keys))
-    pool = draw_start_pool(env, env_params, key_pool, (segments + 1, num_envs))
-    state = start_unstarted(state, jax.tree.map(lambda x: x[0], pool))  # the first rollout's
-    restarts = jax.tree.map(lambda x: x[1:], pool)  # [K, N, ...]: segment k's starts
     step_keys = step_keys.reshape((segments, num_steps // segments) + step_keys.shape[1:])
-    state, trajectory = lax.scan(segment, state, (restarts, step_keys))
+    state, trajectory = lax.scan(segment, state,
+                                 (jax.random.split(key_pool, segments), step_keys))
     return state, jax.tree.map(lambda x: x.reshape((num_steps,) + x.shape[2:]), trajectory)
 
 

@@ -239,24 +239,29 @@ def test_unstarted_environments_start_from_the_first_rollout_s_pool():
                              num_steps=40).episode_length) == 0).all()
 
 
-def test_the_first_rollout_s_pool_holds_the_first_states_and_its_share_of_restarts():
-    """1/80 of 10 steps: one segment, two starts for each environment, its first state and one
-    restart. Of the first rollout's 16 episodes that end (2 in each of 8 environments), each
-    environment's first restarts afresh (not from its first state) and its second reuses
-    that start, and says so."""
+def test_the_first_segment_s_starts_are_the_first_states_and_a_restart_there_repeats_one():
+    """1/80 of 10 steps: one segment, one start for each environment a rollout. In the first
+    rollout that start is the environment's first state, so both restarts of its 5-step
+    episodes (steps 4 and 9) reuse it, and say so; the next rollout's segment restarts
+    afresh."""
     env, env_params, spec = make_env("Pendulum-v1")
     env_params = env_params.replace(max_steps_in_episode=PENDULUM_LIMIT)
     policy = lambda key, obs, first, h: (jnp.zeros((obs.shape[0], 1)), (), h)  # noqa: E731
     assert pool_segments(env, 1 / 80, 10) == 1
     state = reset(env, env_params, jax.random.PRNGKey(0), 8, fresh_starts=1 / 80, num_steps=10)
-    after, traj = rollout(env, env_params, spec, policy, state, jax.random.PRNGKey(1), 10,
-                          1 / 80)
+    roll = jax.jit(lambda s, k: rollout(env, env_params, spec, policy, s, k, 10, 1 / 80))
+    after, traj = roll(state, jax.random.PRNGKey(1))
     done = np.asarray(traj.truncated)
-    in_order = np.asarray(traj.repeated_start).reshape(-1)[np.flatnonzero(done.reshape(-1))]
-    np.testing.assert_array_equal(in_order, [False] * 8 + [True] * 8)
+    np.testing.assert_array_equal(np.flatnonzero(done.all(1)), [4, 9])
+    np.testing.assert_array_equal(traj.repeated_start, done)
     obs = np.asarray(traj.obs)
-    assert (obs[5] != obs[0]).all(1).all()
-    np.testing.assert_array_equal(after.obs, obs[5])  # step 9's restart is step 4's
+    np.testing.assert_array_equal(obs[5], obs[0])
+    np.testing.assert_array_equal(after.obs, obs[0])
+    # the second rollout: a fresh start, taken at step 4 (the episode that began at step 0
+    # of the first rollout's step 10) and again at step 9
+    _, second = roll(after, jax.random.PRNGKey(2))
+    np.testing.assert_array_equal(np.asarray(second.repeated_start).sum(0), 1)
+    assert (np.asarray(second.obs)[5] != obs[0]).all(1).all()
 
 
 def outermost_calls(jaxpr, name: str) -> int:
@@ -332,4 +337,4 @@ def test_the_first_state_and_the_pool_trace_the_environment_s_reset_once():
     assert len(counted.calls) == 1
     jax.jit(lambda s, k: rollout(counted, env_params, spec, lean_policy, s, k, 4,
                                  fresh_starts=0.5)).lower(state, jax.random.PRNGKey(1))
-    assert len(counted.calls) == 1  # the pool's reset (3 + 4 x 3 x 0.5 = 9 starts) reused the trace
+    assert len(counted.calls) == 1  # the segments' reset (2 segments x 3 starts) reused the trace
