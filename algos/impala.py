@@ -91,10 +91,10 @@ class Config:
     """Steps per environment per batch: the unroll length (paper, Atari: 20)."""
     fresh_starts: float | None = None
     """Fresh random starts drawn per rollout for the episodes that end in it: each environment
-    gets one for every segment of about 1 / fresh_starts of its num_steps, and one for its
-    first state (`common/rollout.py`); an episode shorter than a segment may reuse one. 1:
-    every environment draws one at every step. None: 1 for gymnax, 1/4 for Brax and 1/16 for
-    Playground, whose resets cost a physics initialisation."""
+    gets one for every segment of about 1 / fresh_starts of its num_steps, the first
+    segment's also its first state (`common/rollout.py`); an episode shorter than a segment
+    may reuse one. 1: every environment draws one at every step. None: 1 for gymnax, 1/4 for
+    Brax and 1/16 for Playground, whose resets cost a physics initialisation."""
     normalize_obs: bool = False
     """Normalise observations with running mean and variance (`common/normalize.py`)."""
     normalize_reward: bool = False
