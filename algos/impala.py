@@ -64,7 +64,7 @@ from jax import lax
 from common import distributed, normalize
 from common.distributed import pmean
 from common.envs import EnvSpec, check_env_id, make_env
-from common.minibatch import flat_optimizer, sgd_scan, shuffled_minibatches
+from common.minibatch import flat_optimizer, sgd_scan, shuffled_minibatches, stepping_form
 from common.nn import CORES, Conv, Dense, orthogonal
 from common.rollout import EnvState, finished_episode_stats, reset, rollout, steps_done
 from common.validate import check_fields, require
@@ -511,7 +511,9 @@ def make_train(config: Config, live_progress: bool = False):
         so the result does not depend on the number of devices.
         Returns `(params, opt_state, info)`, `info` [update_epochs, num_minibatches].
         """
-        optimizer = make_optimizer(hp, learning_rate(hp, update))
+        # the optimiser in the form its steps take, for all the epochs (`stepping_form`)
+        optimizer, opt_state, stored = stepping_form(make_optimizer(hp, learning_rate(hp, update)),
+                                                     state.params, state.opt_state)
 
         def epoch(carry, key):
             params, opt_state = carry
@@ -524,8 +526,8 @@ def make_train(config: Config, live_progress: bool = False):
             return (params, opt_state), info
 
         (params, opt_state), info = lax.scan(
-            epoch, (state.params, state.opt_state), jax.random.split(key, config.update_epochs))
-        return params, opt_state, info
+            epoch, (state.params, opt_state), jax.random.split(key, config.update_epochs))
+        return params, stored(params, opt_state), info
 
     def policy(params, obs_stats):
         """mu(.|s) under `params`, as `rollout` calls it: `(key, obs, first, hidden) ->

@@ -50,7 +50,7 @@ from common import distributed, normalize
 from common.distributed import pmean
 from common.envs import EnvSpec, check_env_id, make_env
 from common.gae import gae
-from common.minibatch import flat_optimizer, sgd_scan, shuffled_minibatches
+from common.minibatch import flat_optimizer, sgd_scan, shuffled_minibatches, stepping_form
 from common.nn import CORES, Conv, Dense, orthogonal
 from common.rollout import EnvState, finished_episode_stats, reset, rollout, steps_done
 from common.validate import check_fields, optional_positive, require
@@ -459,7 +459,9 @@ def make_train(config: Config, live_progress: bool = False):
         Returns `(params, opt_state, info, ran)`: `info` per epoch and minibatch, `ran` 1.0 for
         the epochs that ran (0.0 after a KL early stop).
         """
-        optimizer = make_optimizer(hp, learning_rate(hp, update))
+        # the optimiser in the form its steps take, for all the epochs (`stepping_form`)
+        optimizer, opt_state, stored = stepping_form(make_optimizer(hp, learning_rate(hp, update)),
+                                                     state.params, state.opt_state)
 
         def epoch(carry, key):
             params, opt_state, stopped = carry
@@ -480,9 +482,9 @@ def make_train(config: Config, live_progress: bool = False):
             return (params, opt_state, stopped), (info, ran)
 
         (params, opt_state, _), (info, ran) = lax.scan(
-            epoch, (state.params, state.opt_state, jnp.bool_(False)),
+            epoch, (state.params, opt_state, jnp.bool_(False)),
             jax.random.split(key, config.update_epochs))
-        return params, opt_state, info, ran
+        return params, stored(params, opt_state), info, ran
 
     def policy(params, obs_stats):
         """pi(.|s) under `params`, as `rollout` calls it: `(key, obs, first, hidden) ->

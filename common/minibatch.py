@@ -171,26 +171,45 @@ def sgd_scan(loss_fn, optimizer, params, opt_state, batches, reduce=lambda tree:
     CartPole under `vmap`, about a quarter of the run's time).
 
     Off a CPU (`vector_steps` None: `jax.default_backend()`; True or False to choose), a flat
-    optimiser's steps run on the tree instead, with `inner`'s state taken out of its vector
-    before the loop and put back after it (`tree_state`, `flat_state`): the state the caller
-    holds has the same structure on every backend, so a checkpoint moves between them. On a
-    TPU v5e joining Brax Ant's gradients into one vector cost 16 of each step's 58 us
+    optimiser's steps run on the tree instead (`stepping_form`), with `inner`'s state taken
+    out of its vector before the loop and put back after it: the state the caller holds has
+    the same structure on every backend, so a checkpoint moves between them. On a TPU v5e
+    joining Brax Ant's gradients into one vector cost 16 of each step's 58 us
     (docs/performance.md). The same numbers, up to the rounding of the global norm's sum.
+    An optimiser already in its `stepping_form` is stepped as it is.
     """
-    flat = isinstance(optimizer, FlatOptimizer)
-    if flat and (jax.default_backend() == "cpu" if vector_steps is None else vector_steps):
+    optimizer, opt_state, stored = stepping_form(optimizer, params, opt_state, vector_steps)
+    if isinstance(optimizer, FlatOptimizer):
         return _vector_sgd_scan(loss_fn, optimizer, params, opt_state, batches, reduce)
-    inner = optimizer.inner if flat else optimizer
 
     def step(carry, batch):
         p, s = carry
         grads, aux = reduce(jax.grad(loss_fn, has_aux=True)(p, batch))
-        updates, s = inner.update(grads, s, p)
+        updates, s = optimizer.update(grads, s, p)
         return (optax.apply_updates(p, updates), s), aux
 
-    state = tree_state(inner, params, opt_state) if flat else opt_state
-    (params, state), aux = lax.scan(step, (params, state), batches)
-    return params, flat_state(params, state, opt_state) if flat else state, aux
+    (params, opt_state), aux = lax.scan(step, (params, opt_state), batches)
+    return params, stored(params, opt_state), aux
+
+
+def stepping_form(optimizer, params, opt_state, vector_steps: bool | None = None):
+    """`(optimizer, opt_state, stored)`: the optimiser and state that `sgd_scan` steps, and
+    `stored(params, opt_state)`, which gives the state back in the structure the caller holds.
+
+    A `flat_optimizer` on a CPU (`vector_steps` None: `jax.default_backend()` when traced; True
+    or False to choose) is stepped as it is, in its vector form, and `stored` is the identity.
+    Elsewhere its `inner` steps the parameter tree, with the state taken out of its vector
+    (`tree_state`) and `stored` putting it back (`flat_state`). Any other optimiser is returned
+    as it is. Called once around several `sgd_scan`s (an update's epochs), it moves the state
+    between vector and tree once instead of at every call: on a TPU v5e, taking Brax Ant's
+    Adam state out of its vector and back cost 275 us (docs/performance.md).
+    """
+    if not isinstance(optimizer, FlatOptimizer) or \
+            (jax.default_backend() == "cpu" if vector_steps is None else vector_steps):
+        return optimizer, opt_state, lambda params, state: state
+    inner = optimizer.inner
+    return (inner, tree_state(inner, params, opt_state),
+            lambda params, state: flat_state(params, state, opt_state))
 
 
 def _vector_sgd_scan(loss_fn, optimizer, params, opt_state, batches, reduce):

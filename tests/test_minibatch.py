@@ -192,3 +192,56 @@ def test_permutation_sorts_packed_keys_on_cpu_and_is_jax_s_permutation_elsewhere
     assert sorts(lambda k: permutation(k, 512), "cpu") == 2
     assert sorts(lambda k: permutation(k, 512), "tpu") == 1
     assert sorts(lambda k: jax.random.permutation(k, 512), "tpu") == 1
+
+
+def _scans(jaxpr):
+    """Every `scan` in `jaxpr`, nested programs included, outermost first."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+            found.append(eqn)
+        for param in eqn.params.values():
+            for inner in param if isinstance(param, (list, tuple)) else [param]:
+                inner = getattr(inner, "jaxpr", inner)
+                if hasattr(inner, "eqns"):
+                    found += _scans(inner)
+    return found
+
+
+@pytest.mark.parametrize("algo", ["ppo", "impala"])
+def test_an_update_s_epochs_carry_the_optimiser_s_state_as_a_tree_off_a_cpu_vector_on_it(
+        algo, monkeypatch):
+    """`learn` takes the flat optimiser's state into its `stepping_form` once an update, around
+    the epochs: traced for a TPU, the epochs' loop carries Adam's moments as trees shaped like
+    the parameters and no vector of all the parameters; traced for a CPU it carries the
+    moments as such vectors (the vector steps). (IMPALA's RMSProp has one moment.)"""
+    import importlib
+
+    module = importlib.import_module(f"algos.{algo}")
+    config = module.Config(env_id="CartPole-v1", num_envs=4, num_steps=8, num_minibatches=2,
+                           update_epochs=3, total_timesteps=64)
+    for backend in ("tpu", "cpu"):
+        with monkeypatch.context() as patch:
+            patch.setattr(jax, "default_backend", lambda: backend)  # as traced there
+            train = module.make_train(config)
+            state = jax.eval_shape(train.init, jax.random.PRNGKey(0))
+            jaxpr = jax.make_jaxpr(train)(jax.random.PRNGKey(0)).jaxpr
+        size = sum(x.size for x in jax.tree.leaves(state.params))
+        moments = [tuple(x.shape) for x in jax.tree.leaves(state.opt_state)].count((size,))
+        assert moments == {"ppo": 2, "impala": 1}[algo]  # Adam's mu and nu; RMSProp's nu
+        shapes = [tuple(x.shape) for x in jax.tree.leaves(state.params)]
+        epochs = [eqn for eqn in _scans(jaxpr) if eqn.params["length"] == 3
+                  and any(inner.params["length"] == 2
+                          for inner in _scans(eqn.params["jaxpr"].jaxpr))]
+        assert epochs, "no loop of 3 epochs of 2 minibatches found"
+        for eqn in epochs:
+            start = eqn.params["num_consts"]
+            carry = [tuple(v.aval.shape)
+                     for v in eqn.params["jaxpr"].jaxpr.invars[start:start
+                                                               + eqn.params["num_carry"]]]
+            vectors = carry.count((size,))
+            if backend == "tpu":
+                assert vectors == 0, carry
+                assert all(carry.count(s) >= 1 + moments for s in shapes), carry
+            else:
+                assert vectors == moments, carry

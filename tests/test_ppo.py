@@ -154,7 +154,8 @@ def test_learn_is_plain_minibatch_sgd_with_optax_and_a_kl_stop_keeps_the_epochs_
         return params
 
     replay, wants = jax.jit(reference, static_argnums=1), {}
-    for target_kl, epochs, backend in ((None, 2, "cpu"), (1e-9, 1, "cpu"), (None, 2, "tpu")):
+    for target_kl, epochs, backend in ((None, 2, "cpu"), (1e-9, 1, "cpu"), (None, 2, "tpu"),
+                                       (1e-9, 1, "tpu")):
         params, opt_state, info, ran = learn(target_kl, backend)
         np.testing.assert_array_equal(ran, [1.0] * epochs + [0.0] * (2 - epochs))
         assert jax.tree.structure(opt_state) == jax.tree.structure(state.opt_state)
