@@ -511,7 +511,8 @@ def make_train(config: Config, live_progress: bool = False):
         so the result does not depend on the number of devices.
         Returns `(params, opt_state, info)`, `info` [update_epochs, num_minibatches].
         """
-        # the optimiser in the form its steps take, for all the epochs (`stepping_form`)
+        # the optimiser as its steps run on this backend, for all the epochs: on one vector on
+        # a CPU, on the parameter tree elsewhere (`stepping_form`; speed only)
         optimizer, opt_state, stored = stepping_form(make_optimizer(hp, learning_rate(hp, update)),
                                                      state.params, state.opt_state)
 

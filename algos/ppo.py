@@ -459,7 +459,8 @@ def make_train(config: Config, live_progress: bool = False):
         Returns `(params, opt_state, info, ran)`: `info` per epoch and minibatch, `ran` 1.0 for
         the epochs that ran (0.0 after a KL early stop).
         """
-        # the optimiser in the form its steps take, for all the epochs (`stepping_form`)
+        # the optimiser as its steps run on this backend, for all the epochs: on one vector on
+        # a CPU, on the parameter tree elsewhere (`stepping_form`; speed only)
         optimizer, opt_state, stored = stepping_form(make_optimizer(hp, learning_rate(hp, update)),
                                                      state.params, state.opt_state)
 
