@@ -42,7 +42,7 @@ def wide_key_permutation(key, n: int):
     (docs/performance.md). Where jax sorts once, this is `jax.random.permutation` itself.
     """
     jax_rounds = math.ceil(3 * math.log(max(1, n)) / math.log(2 ** 32 - 1))
-    if jax_rounds == 1 or n > 2 ** 21:
+    if jax_rounds <= 1 or n > 2 ** 21:
         return jax.random.permutation(key, n)
     high, low = jax.random.bits(key, (2, n), jnp.uint32)
     return lax.sort((high, low, jnp.arange(n, dtype=jnp.int32)), num_keys=2)[2]

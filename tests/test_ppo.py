@@ -111,13 +111,13 @@ def test_learn_is_plain_minibatch_sgd_with_optax_and_a_kl_stop_keeps_the_epochs_
     parameter tree gives: two epochs of two minibatches, replayed here with `lax.scan`. With a
     `target_kl` the first epoch exceeds, the second epoch does not run: the parameters are
     those of the first epoch alone and `ran` says so. The program traced for a TPU (Adam's
-    steps on the tree, its state flat between updates) gives the same, and an optimiser
-    state of the same structure."""
+    steps on the tree, its state flat between updates) gives the same, and the same optimiser
+    state in the same structure."""
     import optax
 
     from algos.ppo import ActorCritic, ppo_loss
     from common.envs import make_env
-    from common.minibatch import shuffled_minibatches
+    from common.minibatch import flat_state, shuffled_minibatches
 
     config = dataclasses.replace(TINY, num_minibatches=2, update_epochs=2, anneal_lr=False)
     state = jax.jit(make_train(config).init)(jax.random.PRNGKey(0))
@@ -151,7 +151,7 @@ def test_learn_is_plain_minibatch_sgd_with_optax_and_a_kl_stop_keeps_the_epochs_
         for epoch_key in jax.random.split(key, config.update_epochs)[:epochs]:
             batches = shuffled_minibatches(epoch_key, data, config.num_minibatches)
             (params, s), _ = jax.lax.scan(step, (params, s), batches)
-        return params
+        return params, flat_state(params, s, state.opt_state)  # Adam's state in learn's form
 
     replay, wants = jax.jit(reference, static_argnums=1), {}
     for target_kl, epochs, backend in ((None, 2, "cpu"), (1e-9, 1, "cpu"), (None, 2, "tpu"),
@@ -159,9 +159,11 @@ def test_learn_is_plain_minibatch_sgd_with_optax_and_a_kl_stop_keeps_the_epochs_
         params, opt_state, info, ran = learn(target_kl, backend)
         np.testing.assert_array_equal(ran, [1.0] * epochs + [0.0] * (2 - epochs))
         assert jax.tree.structure(opt_state) == jax.tree.structure(state.opt_state)
-        wants[epochs] = replay(state.params, epochs)
+        wants[epochs], want_state = replay(state.params, epochs)
         for g, w in zip(jax.tree.leaves(params), jax.tree.leaves(wants[epochs])):
             np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6, err_msg=str(target_kl))
+        for g, w in zip(jax.tree.leaves(opt_state), jax.tree.leaves(want_state)):
+            np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-9, err_msg=str(target_kl))
         assert not np.allclose(jax.tree.leaves(params)[0], jax.tree.leaves(state.params)[0])
     assert float(info.approx_kl[0, -1]) > 1e-9  # the first epoch's last minibatch stopped it
     assert not np.allclose(jax.tree.leaves(wants[1])[0], jax.tree.leaves(wants[2])[0])
