@@ -241,18 +241,21 @@ def test_an_update_s_epochs_carry_the_optimiser_s_state_as_a_tree_off_a_cpu_vect
     """`learn` takes the flat optimiser's state into its `stepping_form` once an update, around
     the epochs: traced for a TPU, the epochs' loop carries Adam's moments as trees shaped like
     the parameters and no vector of all the parameters; traced for a CPU it carries the
-    moments as such vectors (the vector steps). (IMPALA's RMSProp has one moment.)"""
+    moments as such vectors (the vector steps). (IMPALA's RMSProp has one moment.) Both
+    programs, run here, end two updates with the same parameters and optimiser state."""
     import importlib
 
     module = importlib.import_module(f"algos.{algo}")
     config = module.Config(env_id="CartPole-v1", num_envs=4, num_steps=8, num_minibatches=2,
                            update_epochs=3, total_timesteps=64)
+    ends = {}
     for backend in ("tpu", "cpu"):
         with monkeypatch.context() as patch:
             patch.setattr(jax, "default_backend", lambda: backend)  # as traced there
             train = module.make_train(config)
             state = jax.eval_shape(train.init, jax.random.PRNGKey(0))
             jaxpr = jax.make_jaxpr(train)(jax.random.PRNGKey(0)).jaxpr
+            ends[backend] = jax.jit(train)(jax.random.PRNGKey(0))[0]
         size = sum(x.size for x in jax.tree.leaves(state.params))
         moments = [tuple(x.shape) for x in jax.tree.leaves(state.opt_state)].count((size,))
         assert moments == {"ppo": 2, "impala": 1}[algo]  # Adam's mu and nu; RMSProp's nu
@@ -272,3 +275,10 @@ def test_an_update_s_epochs_carry_the_optimiser_s_state_as_a_tree_off_a_cpu_vect
                 assert all(carry.count(s) >= 1 + moments for s in shapes), carry
             else:
                 assert vectors == moments, carry
+    counts = [int(x) for x in jax.tree.leaves(ends["tpu"].opt_state)
+              if jnp.issubdtype(x.dtype, jnp.integer)]
+    assert counts == {"ppo": [2 * 3 * 2], "impala": []}[algo]  # Adam's steps; RMSProp has none
+    for part in ("params", "opt_state"):
+        for g, w in zip(jax.tree.leaves(getattr(ends["tpu"], part)),
+                        jax.tree.leaves(getattr(ends["cpu"], part))):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-7, err_msg=part)
