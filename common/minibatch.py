@@ -43,7 +43,7 @@ def wide_key_permutation(key, n: int):
     """
     jax_rounds = math.ceil(3 * math.log(max(1, n)) / math.log(2 ** 32 - 1))
     if jax_rounds <= 1 or n > 2 ** 21:
-        return jax.random.permutation(key, n)
+        return jax.random.permutation(key, n).astype(jnp.int32)  # int64 under jax_enable_x64
     high, low = jax.random.bits(key, (2, n), jnp.uint32)
     return lax.sort((high, low, jnp.arange(n, dtype=jnp.int32)), num_keys=2)[2]
 

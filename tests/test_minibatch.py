@@ -173,8 +173,9 @@ def test_wide_key_permutation_is_a_uniform_permutation_in_one_sort():
     sorts once by two 32-bit keys: a permutation, every item in every position alike (the
     mean position of item i over 2,000 draws of 2,048 is 1023.5 within 5 standard errors, sd
     591.2 / sqrt(2000); items 0 and 1 each first in half the draws of which comes first, 0.1%
-    two-sided binomial bound). Up to 1,625 it is jax's permutation, bit for bit."""
-    from common.minibatch import wide_key_permutation
+    two-sided binomial bound). Up to 1,625 it is jax's permutation, bit for bit, and int32 also
+    with `jax_enable_x64` (where jax's is int64: `permutation`'s two branches must agree)."""
+    from common.minibatch import permutation, wide_key_permutation
 
     keys = jax.random.split(jax.random.PRNGKey(7), 2000)
     perms = np.asarray(jax.jit(jax.vmap(lambda k: wide_key_permutation(k, 2048)))(keys))
@@ -187,6 +188,9 @@ def test_wide_key_permutation_is_a_uniform_permutation_in_one_sort():
                                       jax.random.permutation(keys[0], n))
     assert not np.array_equal(wide_key_permutation(keys[0], 1626),
                               jax.random.permutation(keys[0], 1626))
+    with jax.enable_x64(True):  # jax's permutation is int64 there; the shuffle's stays int32
+        assert jax.jit(lambda k: permutation(k, 512))(keys[0]).dtype == jnp.int32
+        assert wide_key_permutation(keys[0], 512).dtype == jnp.int32
 
 
 def test_permutation_sorts_packed_keys_on_cpu_and_wide_keys_elsewhere():
