@@ -174,7 +174,7 @@ class Config:
         if self.total_timesteps < self.batch_size:
             raise ValueError(f"--total-timesteps {self.total_timesteps} is less than one "
                              f"rollout (num_envs * num_steps = {self.batch_size}).")
-        check_env_id(self.env_id)
+        check_env_id(self.env_id, self.brax_backend)
 
     @property
     def batch_size(self) -> int:

@@ -186,7 +186,7 @@ class Config:
             raise ValueError(f"--actor-lag {self.actor_lag} is not shorter than the run "
                              f"({self.num_updates} updates): the actors would never use "
                              "parameters the learner produced; pick a smaller lag.")
-        check_env_id(self.env_id)
+        check_env_id(self.env_id, self.brax_backend)
 
     @property
     def batch_size(self) -> int:

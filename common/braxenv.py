@@ -60,6 +60,7 @@ class BraxEnv(TimeLimitAutoReset):
                 from brax import envs
 
                 self.env = envs.get_environment(name, backend=backend)
+                _give_fluid_forces_an_old_clip()
             except ImportError as error:  # a part of Brax's physics missing (mujoco.mjx, ...)
                 raise ValueError(
                     f"brax/{name} with --brax-backend {backend} needs {error.name or error}, "
@@ -89,6 +90,30 @@ class BraxEnv(TimeLimitAutoReset):
 
     def action_space(self, params=None):
         return gymnax_spaces().Box(-1.0, 1.0, (self.env.action_size,), jnp.float32)
+
+
+class _ClipTakingAMin:
+    """`jax.numpy` whose `clip` also takes NumPy's old names `a_min` and `a_max`."""
+
+    def __getattr__(self, name):
+        return getattr(jnp, name)
+
+    @staticmethod
+    def clip(x, a_min=None, a_max=None, **bounds):
+        return jnp.clip(x, bounds.get("min", a_min), bounds.get("max", a_max))
+
+
+def _give_fluid_forces_an_old_clip():
+    """Brax 0.14.2's fluid forces (the swimmer's water, `brax/fluid.py`) call
+    `jnp.clip(x, a_min=...)`, names jax 0.10 removed (`min=`): the name `jp` in that module
+    alone becomes a `jax.numpy` whose `clip` takes them. Nothing else in Brax or JAX changes;
+    nothing at all where `jnp.clip` still takes `a_min`."""
+    import inspect
+
+    from brax import fluid
+
+    if "a_min" not in inspect.signature(jnp.clip).parameters:
+        fluid.jp = _ClipTakingAMin()
 
 
 def render_html(env: BraxEnv, states: list) -> str:

@@ -55,6 +55,9 @@ BRAX_ENVS = ("ant", "halfcheetah", "hopper", "humanoid", "humanoidstandup",
 """Brax's environments, made as `brax/<name>` (`common/braxenv.py`; Brax is optional)."""
 BRAX_BACKENDS = ("spring", "positional", "generalized", "mjx")
 """Brax's physics pipelines (`--brax-backend`), fastest and crudest first."""
+BRAX_ONLY_ON = {"swimmer": ("generalized",)}
+"""The Brax environments that run on some pipelines only (Brax's `swimmer.py` refuses every
+other)."""
 
 
 def known_env_ids() -> list[str]:
@@ -214,10 +217,11 @@ MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
 """gymnax's MNISTBandit-bsuite reads these from `MNIST_DIR`, downloading the missing ones."""
 
 
-def check_env_id(env_id: str):
-    """Raise `ValueError` naming the closest known ids when `env_id` is not a gymnax id, and
-    for an environment that would download data (MNISTBandit-bsuite without its files, a
-    Playground robot without its models)."""
+def check_env_id(env_id: str, brax_backend: str | None = None):
+    """Raise `ValueError` naming the closest known ids when `env_id` is not a gymnax id, for
+    an environment that would download data (MNISTBandit-bsuite without its files, a
+    Playground robot without its models), and for a Brax environment that does not run on
+    the physics pipeline `brax_backend` (`BRAX_ONLY_ON`; None: not checked)."""
     if env_id.startswith("playground/"):
         from common.playgroundenv import check_task
 
@@ -231,6 +235,15 @@ def check_env_id(env_id: str):
     if env_id.startswith("brax/") and importlib.util.find_spec("brax") is None:
         raise ValueError(f"{env_id} needs Brax, which is not installed: "
                          "pip install -e \".[brax]\"")
+    if env_id.startswith("brax/") and brax_backend is not None:
+        if brax_backend not in BRAX_BACKENDS:
+            raise ValueError(f"--brax-backend must be one of {', '.join(BRAX_BACKENDS)}, got "
+                             f"{brax_backend!r}.")
+        only_on = BRAX_ONLY_ON.get(env_id.removeprefix("brax/"), BRAX_BACKENDS)
+        if brax_backend not in only_on:
+            raise ValueError(f"{env_id} runs on Brax's {' or '.join(only_on)} physics "
+                             f"pipeline only, not {brax_backend}: pass --brax-backend "
+                             f"{only_on[0]}.")
     missing = [f for f in MNIST_FILES if not os.path.isfile(os.path.join(MNIST_DIR, f))]
     if env_id == "MNISTBandit-bsuite" and missing:
         raise ValueError(f"{env_id} needs the MNIST files in {MNIST_DIR} (missing: "
@@ -247,17 +260,15 @@ def make_env(env_id: str, brax_backend: str = "positional"):
     """`(env, env_params, spec)` for a gymnax environment id, one of `MASKED`, `brax/<name>`
     (physics pipeline `brax_backend`) or `playground/<Task>`.
 
-    Raises `ValueError` naming the closest known ids when `env_id` is unknown, before anything is
-    compiled. On an accelerator a Brax or Playground environment's reset and step are traced
-    here, for the programs built later (`common.rollout.trace_ahead`).
+    Raises `ValueError` naming the closest known ids when `env_id` is unknown, or the problem
+    and its fix for a Brax pipeline it does not run on, before anything is compiled. On an
+    accelerator a Brax or Playground environment's reset and step are traced here, for the
+    programs built later (`common.rollout.trace_ahead`).
     """
-    check_env_id(env_id)
+    check_env_id(env_id, brax_backend)
     if env_id.startswith("brax/"):
         from common.braxenv import BraxEnv
 
-        if brax_backend not in BRAX_BACKENDS:
-            raise ValueError(f"--brax-backend must be one of {', '.join(BRAX_BACKENDS)}, got "
-                             f"{brax_backend!r}.")
         env = BraxEnv(env_id.removeprefix("brax/"), brax_backend)
         env_params = env.default_params
     elif env_id.startswith("playground/"):

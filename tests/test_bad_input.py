@@ -77,6 +77,8 @@ CATALOGUE = [
      "'brax/ant'"),
     ("impala", ["--env-id", "brax/ant", "--brax-backend", "bullet"],
      "--brax-backend: expected one of spring, positional, generalized, mjx, got 'bullet'"),
+    ("a2c", ["--env-id", "brax/swimmer"], "brax/swimmer runs on Brax's generalized physics "
+     "pipeline only, not positional: pass --brax-backend generalized."),
     # --- network ---
     ("ppo", ["--network", "cnn"], "--network cnn needs image observations"),
     ("a2c", ["--network", "cnn", "--env-id", "Pendulum-v1"], "--network cnn needs image"),
