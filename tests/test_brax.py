@@ -212,3 +212,18 @@ def test_the_swimmer_runs_on_its_one_pipeline_and_names_it_on_another():
                                          "pipeline only, not positional: pass --brax-backend "
                                          "generalized"):
         make_env("brax/swimmer", "positional")
+
+
+def test_no_brax_state_keeps_a_key_as_brax_env_declares():
+    """`BraxEnv.keeps_keys` is False so that the rollout need not trace a reset to ask
+    (`common.rollout.keeps_keys`): the reset of every Brax environment, traced abstractly from
+    a typed key, holds no typed key (the swimmer on its generalized pipeline, every other on
+    spring: the state's structure is Brax's, the same on every pipeline)."""
+    from common.envs import BRAX_ENVS, BRAX_ONLY_ON
+
+    for name in BRAX_ENVS:
+        env, params, _ = make_env(f"brax/{name}", BRAX_ONLY_ON.get(name, (BACKEND,))[0])
+        assert env.keeps_keys is False
+        state = jax.eval_shape(lambda k: env.reset(k, params)[1], jax.random.key(0))
+        assert not any(jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+                       for x in jax.tree.leaves(state)), name
