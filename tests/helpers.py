@@ -131,6 +131,18 @@ def record_progress(monkeypatch, interrupt_after: int | None = None) -> list:
     return steps
 
 
+def inner_jaxprs(eqn) -> list:
+    """The programs nested in the equation `eqn`: a scan's or while's body, a jitted call's,
+    a cond's branches (open jaxprs, whether the equation holds them closed or open)."""
+    found = []
+    for param in eqn.params.values():
+        for sub in param if isinstance(param, (list, tuple)) else [param]:
+            inner = getattr(sub, "jaxpr", sub)
+            if hasattr(inner, "eqns"):
+                found.append(inner)
+    return found
+
+
 def qr_operand_shapes(jaxpr) -> list:
     """The operand shapes of every QR decomposition in `jaxpr`, nested programs included (a
     batched QR, under `vmap`, is the jaxlib 0.10 CPU deadlock's trigger)."""
@@ -138,10 +150,8 @@ def qr_operand_shapes(jaxpr) -> list:
     for eqn in jaxpr.eqns:
         if eqn.primitive.name in ("qr", "geqrf", "geqp3"):  # not "sqrt"
             shapes += [v.aval.shape for v in eqn.invars]
-        for param in eqn.params.values():
-            inner = getattr(param, "jaxpr", None)
-            if inner is not None:
-                shapes += qr_operand_shapes(getattr(inner, "jaxpr", inner))
+        for inner in inner_jaxprs(eqn):
+            shapes += qr_operand_shapes(inner)
     return shapes
 
 

@@ -6,6 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import inner_jaxprs
+
 
 def test_permutation_is_a_uniform_permutation():
     from common.minibatch import permutation
@@ -231,11 +233,8 @@ def _scans(jaxpr):
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "scan":
             found.append(eqn)
-        for param in eqn.params.values():
-            for inner in param if isinstance(param, (list, tuple)) else [param]:
-                inner = getattr(inner, "jaxpr", inner)
-                if hasattr(inner, "eqns"):
-                    found += _scans(inner)
+        for inner in inner_jaxprs(eqn):
+            found += _scans(inner)
     return found
 
 

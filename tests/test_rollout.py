@@ -11,6 +11,7 @@ import pytest
 from common.envs import make_env
 from common.rollout import (StartPool, finished_episode_stats, pool_segments, reset,
                             restart_from_pool, rollout)
+from helpers import inner_jaxprs
 
 
 def lean_policy(key, obs, first, hidden):
@@ -272,11 +273,7 @@ def outermost_calls(jaxpr, name: str) -> int:
         if eqn.params.get("name") == name:
             count += 1
             continue
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (list, tuple)) else [param]:
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    count += outermost_calls(inner, name)
+        count += sum(outermost_calls(inner, name) for inner in inner_jaxprs(eqn))
     return count
 
 
