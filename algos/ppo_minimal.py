@@ -23,8 +23,12 @@ Python, `jax.jit(jax.vmap(make_train(Config())))(jax.random.split(key, 16))` tra
 import dataclasses
 import difflib
 import math
+import signal
 import time
 from typing import Literal, NamedTuple
+
+if __name__ == "__main__":  # Ctrl-C: the run ends at once, compiling too (exit 130)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # no traceback: nothing here is saved
 
 import distrax
 import flax.linen as nn
@@ -111,7 +115,6 @@ class Config:
             raise ValueError(f"unknown gymnax environment id {self.env_id!r}.{hint} Known ids: "
                              f"{', '.join(gymnax.registered_envs)} (Brax: algos/ppo.py).")
 
-    # --- derived sizes ---
     batch_size = property(lambda self: self.num_envs * self.num_steps)
     minibatch_size = property(lambda self: self.batch_size // self.num_minibatches)
     num_updates = property(lambda self: self.total_timesteps // self.batch_size)
@@ -159,10 +162,8 @@ class ActorCritic(nn.Module):
         act = nn.tanh if self.activation == "tanh" else nn.relu
         dense = lambda n, scale: nn.Dense(n, kernel_init=orthogonal(scale))  # noqa: E731
         obs = obs.reshape(obs.shape[:obs.ndim - self.obs_ndim] + (-1,))
-        actor = act(dense(self.hidden_size, np.sqrt(2))(obs))
-        actor = act(dense(self.hidden_size, np.sqrt(2))(actor))
-        critic = act(dense(self.hidden_size, np.sqrt(2))(obs))
-        critic = act(dense(self.hidden_size, np.sqrt(2))(critic))
+        hidden = lambda x: act(dense(self.hidden_size, np.sqrt(2))(x))  # noqa: E731
+        actor, critic = hidden(hidden(obs)), hidden(hidden(obs))  # two layers each
         value = dense(1, 1.0)(critic).squeeze(-1)
         if self.discrete:
             return distrax.Categorical(logits=dense(self.action_dim, 0.01)(actor)), value
@@ -386,8 +387,7 @@ def main():
     """Command line: train one run (key 1), print its final return and speed."""
     import tyro  # only the command line needs it
     config, key, start = tyro.cli(Config), jax.random.PRNGKey(1), time.time()
-    train = jax.jit(make_train(config)).lower(key).compile()
-    compiled = time.time()
+    train, compiled = jax.jit(make_train(config)).lower(key).compile(), time.time()
     _, metrics = jax.block_until_ready(train(key))
     seconds, steps = time.time() - compiled, config.num_updates * config.batch_size
     last = np.asarray(metrics["episodic_return"])[-max(1, config.num_updates // 10):]

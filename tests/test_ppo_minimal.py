@@ -5,9 +5,12 @@ seeds, and refuses bad configs with one clear line."""
 import ast
 import dataclasses
 import os
+import runpy
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -18,7 +21,7 @@ from helpers import qr_operand_shapes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE = os.path.join(ROOT, "algos", "ppo_minimal.py")
-ALLOWED = {"dataclasses", "difflib", "math", "time", "typing", "distrax", "flax", "jax", "numpy",
+ALLOWED = {"dataclasses", "difflib", "math", "signal", "time", "typing", "distrax", "flax", "jax", "numpy",
            "optax", "gymnax", "tyro"}
 TINY = dict(total_timesteps=512, num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2)
 
@@ -86,6 +89,27 @@ def test_copied_alone_its_command_line_trains_without_the_repository(tmp_path):
     assert "tyro" in imported and "gymnax" in imported  # the listing works
     ours = sorted(m for m in imported if m.split(".")[0] in ("algos", "common", "benchmarks"))
     assert not ours, ours
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("after_s", [0.5, 8.0])  # loading JAX; compiling or training
+def test_ctrl_c_ends_its_command_line_at_once_without_a_traceback(after_s):
+    """SIGINT's default action, set before the imports: the process ends at once wherever it
+    is, inside XLA's compiler too (no interpreter teardown under running compiler threads),
+    and a shell reports exit status 130. Importing the file leaves Ctrl-C as it was."""
+    run = subprocess.Popen([sys.executable, SOURCE, "--total-timesteps", "100000000"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(after_s)
+    assert run.poll() is None, run.communicate()
+    run.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    out, err = run.communicate(timeout=60)
+    assert time.monotonic() - sent < 5.0
+    assert run.returncode == -signal.SIGINT, (run.returncode, err[-2000:])
+    assert (out, err) == ("", "")
+    before = signal.getsignal(signal.SIGINT)
+    runpy.run_path(SOURCE, run_name="ppo_minimal")  # the file's top level, imported
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 # ------------------------------------------------------------------ the same numbers as ppo.py
