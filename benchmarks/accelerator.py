@@ -30,8 +30,10 @@ Steps, run in the order given:
   - `vs`: `vs_purejaxrl.py`, our PPO against PureJaxRL (`--purejaxrl DIR`, the folder that
     holds its `ppo.py`; skipped without it): CartPole with 1, 256 and 1,024 vmapped seeds
     (5e5, 5e4 and 2.5e4 steps each, the rows of docs/performance.md's TPU table);
-  - `vs-brax`: the same script on Brax Ant (4 seeds x 2048 envs, 8.2e5 steps each) and
-    recurrent PPO on `ppo_rnn.py`'s config;
+  - `vs-brax`: the same script on Brax Ant (4 seeds x 2048 envs, 8.2e5 steps each), once
+    with ours compiled first and once with PureJaxRL's (`--purejaxrl-first`: on the TPU the
+    program compiled second compiled faster);
+  - `vs-other`: recurrent PPO on `ppo_rnn.py`'s config, and Brax HalfCheetah as Ant above;
   - `cli`: `cli_overhead.py`, the command line against the program it compiles (1 and 32
     seeds), then the default command from start to exit, with an empty and a warm
     compilation cache;
@@ -106,7 +108,7 @@ PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x
              "manylinux1_x86_64"]
 """pip matches a wheel's platform tag exactly: every manylinux tag a wheel above is built for."""
 
-PASSES = ["speed", "vs", "vs-brax", "cli", "learning", "brax", "playground"]
+PASSES = ["speed", "vs", "vs-brax", "vs-other", "cli", "learning", "brax", "playground"]
 """What `run` runs by default; `tests` runs only when named."""
 TESTS_DRY = ["tests/test_gae.py"]
 BRAX_TASKS = [("brax/ant", [], 0.5),
@@ -209,7 +211,7 @@ def python_steps(name: str, args, results: str) -> list:
                 (200, [*bench("speed.py"), "--algo", "impala", "--env-id", "CartPole-v1",
                        "--seeds", *(["1", "2"] if args.dry else ["1", "32"]), *budget,
                        "--out-dir", results])]
-    if name in ("vs", "vs-brax"):
+    if name in ("vs", "vs-brax", "vs-other"):
         if not args.purejaxrl:
             return []
         # dry, on a CPU: one XLA:CPU thread, or PureJaxRL's vmapped orthogonal initialiser can
@@ -225,11 +227,17 @@ def python_steps(name: str, args, results: str) -> list:
             return [(limit, [*vs, "--seeds", str(seeds), "--total-timesteps",
                              "20000" if args.dry else str(steps), *out(f"seeds{seeds}")])
                     for limit, seeds, steps in rows]
-        brax = ["--brax", "inverted_pendulum", "--seeds", "2", "--total-timesteps", "4096"] \
-            if args.dry else ["--brax", "ant", "--seeds", "4", "--total-timesteps", "819200"]
-        return [(260, [*vs, *brax, *out("brax-inverted_pendulum" if args.dry else "brax-ant")]),
-                (150, [*vs, "--recurrent", *(["--total-timesteps", "20000"] if args.dry else []),
-                       *out("rnn")])]
+        def brax(task, *first):  # dry: the inverted pendulum, 2 seeds x 4096 steps
+            task = "inverted_pendulum" if args.dry else task
+            label = f"brax-{task}" + ("__purejaxrl-first" if first else "")
+            return (260, [*vs, "--brax", task, "--seeds", "2" if args.dry else "4",
+                          "--total-timesteps", "4096" if args.dry else "819200", *first,
+                          *out(label)])
+
+        if name == "vs-brax":
+            return [brax("ant"), brax("ant", "--purejaxrl-first")]
+        return [(150, [*vs, "--recurrent", *(["--total-timesteps", "20000"] if args.dry else []),
+                       *out("rnn")]), brax("halfcheetah")]
     if name == "cli":
         steps = "20000" if args.dry else "500000"
         return [(300, [*bench("cli_overhead.py"), "--seeds", "1", "2" if args.dry else "32",
