@@ -24,11 +24,12 @@ import dataclasses
 import difflib
 import math
 import signal
+import sys
 import time
 from typing import Literal, NamedTuple
 
-if __name__ == "__main__":  # Ctrl-C: the run ends at once, compiling too (exit 130)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)  # no traceback: nothing here is saved
+if __name__ == "__main__" and "IPython" not in sys.modules:  # a script, not IPython's %run:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends it at once, compiling too (130)
 
 import distrax
 import flax.linen as nn
@@ -199,9 +200,8 @@ class Transition(NamedTuple):
 
 
 class TrainState(NamedTuple):
-    """What `train` carries from one update to the next, and the rollout from one step to the
-    next: parameters, optimiser state, then for each environment [num_envs] gymnax's state,
-    the current observation and the return and length of the episode so far; the PRNG key."""
+    """The carry of `train` and of the rollout: parameters, optimiser state; per environment
+    [num_envs] gymnax's state, the observation, the episode's return and length so far; a key."""
 
     params: dict
     opt_state: optax.OptState

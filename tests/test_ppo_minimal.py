@@ -3,6 +3,7 @@ the same numbers as `algos/ppo.py` where their configs coincide, learns CartPole
 seeds, and refuses bad configs with one clear line."""
 
 import ast
+import contextlib
 import dataclasses
 import os
 import runpy
@@ -21,7 +22,7 @@ from helpers import qr_operand_shapes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE = os.path.join(ROOT, "algos", "ppo_minimal.py")
-ALLOWED = {"dataclasses", "difflib", "math", "signal", "time", "typing", "distrax", "flax", "jax", "numpy",
+ALLOWED = {"dataclasses", "difflib", "math", "signal", "sys", "time", "typing", "distrax", "flax", "jax", "numpy",
            "optax", "gymnax", "tyro"}
 TINY = dict(total_timesteps=512, num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2)
 
@@ -107,9 +108,27 @@ def test_ctrl_c_ends_its_command_line_at_once_without_a_traceback(after_s):
     assert time.monotonic() - sent < 5.0
     assert run.returncode == -signal.SIGINT, (run.returncode, err[-2000:])
     assert (out, err) == ("", "")
+
+
+@pytest.mark.parametrize("run_name, ipython, default_action", [
+    ("__main__", False, True),          # python ppo_minimal.py
+    ("__main__", True, False),          # IPython's %run: Ctrl-C stays the session's
+    ("ppo_minimal", False, False),      # import ppo_minimal
+])
+def test_only_a_script_takes_ctrl_c_s_default_action(run_name, ipython, default_action,
+                                                     monkeypatch):
+    """The file's top level run as `run_name` (`--help`: `main()` parses and exits)."""
+    if ipython:
+        monkeypatch.setitem(sys.modules, "IPython", type(sys)("IPython"))
+    monkeypatch.setattr(sys, "argv", ["ppo_minimal.py", "--help"])
     before = signal.getsignal(signal.SIGINT)
-    runpy.run_path(SOURCE, run_name="ppo_minimal")  # the file's top level, imported
-    assert signal.getsignal(signal.SIGINT) is before
+    try:
+        with pytest.raises(SystemExit) if run_name == "__main__" else contextlib.nullcontext():
+            runpy.run_path(SOURCE, run_name=run_name)
+        after = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert after is (signal.SIG_DFL if default_action else before)
 
 
 # ------------------------------------------------------------------ the same numbers as ppo.py
