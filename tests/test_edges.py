@@ -272,6 +272,37 @@ def test_ctrl_c_while_starting_exits_quietly(tmp_path, monkeypatch, capsys):
         "interrupted while starting; nothing was trained or written"
 
 
+@pytest.mark.parametrize("session", [None, "library", "ipython"])
+def test_inside_an_ipython_session_the_command_line_never_ends_the_process(session, tmp_path,
+                                                                         monkeypatch):
+    """`%run algos/ppo.py ...` runs `main()` (argv None) in the user's IPython session, which
+    must outlive the run: no watcher that ends the process on Ctrl-C while starting, no
+    `os._exit` when the run ends. A real command line has both; so does a script that merely
+    imports IPython (mediapy does), where `get_ipython()` is None."""
+    from common.host.starting import STARTING
+
+    if session is not None:
+        ipython = type(sys)("IPython", "a stand-in")
+        ipython.get_ipython = lambda: object() if session == "ipython" else None
+        monkeypatch.setitem(sys.modules, "IPython", ipython)
+    monkeypatch.setattr(sys, "argv", ["algos/ppo.py", *TINY, "--log-dir", str(tmp_path)])
+    seen = {}
+
+    def train_and_log(*args):  # what the run would see when training begins
+        seen["watched"] = STARTING.thread is not None
+        return "metrics"
+
+    monkeypatch.setattr(cli, "train_and_log", train_and_log)
+    monkeypatch.setattr(cli, "leave_now", lambda code: seen.setdefault("left with", code))
+    before = signal.getsignal(signal.SIGINT)
+    assert main() == "metrics"
+    assert STARTING.thread is None and signal.getsignal(signal.SIGINT) is before
+    if session == "ipython":
+        assert seen == {"watched": False}
+    else:
+        assert seen == {"watched": True, "left with": 0}
+
+
 @pytest.mark.subprocess
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_while_compiling_leaves_at_once_with_one_line(signum, tmp_path):

@@ -52,7 +52,7 @@ from common.host.devices import (Layout, differing_processes, fail, fetch, from_
                                  peers_alive, same_everywhere, setup_devices)
 from common.host.flags import flag_of, parse, parse_command  # noqa: F401  (parse: for callers)
 from common.host.options import RESUME_MUST_MATCH, RunOptions
-from common.host.starting import SIGNALS, STARTING, Starting
+from common.host.starting import SIGNALS, STARTING, Starting, in_ipython
 
 NAN_BY_DESIGN = ("episodic_return", "episodic_length", "repeated_starts", "explained_variance",
                  "eval_return")
@@ -63,7 +63,7 @@ return); every other metric and every parameter is checked for NaN/inf after eac
 def main(algo: str, config_cls, make_train, argv=None):
     """`python algos/<algo>.py [flags]`: parse, set up JAX, build `train`, train and log."""
     global EXIT_AT_ONCE
-    EXIT_AT_ONCE = argv is None  # a real command line, not a call from Python
+    EXIT_AT_ONCE = argv is None and not in_ipython()  # a command line, not Python's call
     if EXIT_AT_ONCE:
         STARTING.watch()  # Ctrl-C before training: leave at once, even mid-compile
     try:

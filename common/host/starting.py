@@ -1,5 +1,6 @@
 """Ctrl-C (or SIGTERM) while a command-line run starts, from its first line to its first
-update: one line, then exit at once (`STARTING`).
+update: one line, then exit at once (`STARTING`), except inside an IPython session
+(`in_ipython`).
 
 Light on purpose (the standard library only): an algorithm file run as a script calls
 `STARTING.watch()` before its own imports, so that a signal while JAX, Flax or Brax load is
@@ -14,6 +15,15 @@ import threading
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """The signals a command-line run answers: Ctrl-C and SIGTERM (what a scheduler sends)."""
+
+
+def in_ipython() -> bool:
+    """Inside an IPython session: `%run algos/ppo.py ...` in a terminal or a Jupyter kernel,
+    which runs the file as `__main__`. The process is then the user's session, which neither a
+    signal nor the end of a run may end: the file runs as if called from Python. (A script
+    that imports IPython as a library has no session: `get_ipython()` is None.)"""
+    ipython = sys.modules.get("IPython")
+    return ipython is not None and getattr(ipython, "get_ipython", lambda: None)() is not None
 
 
 class Starting:
@@ -35,8 +45,11 @@ class Starting:
         self.thread, self.pipe, self.previous, self.line = None, None, {}, self.LINE
 
     def watch(self, line: str = LINE):
-        """Answer Ctrl-C (or SIGTERM) with `line` and exit 128 + the signal, until `stop`."""
-        if threading.current_thread() is not threading.main_thread() or self.thread:
+        """Answer Ctrl-C (or SIGTERM) with `line` and exit 128 + the signal, until `stop`.
+        Nothing inside IPython (`in_ipython`): Ctrl-C raises KeyboardInterrupt there, as
+        Python does."""
+        if threading.current_thread() is not threading.main_thread() or self.thread \
+                or in_ipython():
             return
         self.line = line
         self.pipe = os.pipe()
