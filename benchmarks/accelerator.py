@@ -19,7 +19,7 @@ Steps, run in the order given:
   default `/tmp/onpolicy-site`). For commands of your own afterwards, put SITE at the end of
   PYTHONPATH, after this checkout, so that the machine's own jax stays first:
   `export PYTHONPATH=$PYTHONPATH:$PWD:/tmp/onpolicy-site`. `run` does that for its steps.
-- `run [PASS ...]` (default: all seven, `tests` aside) runs each pass's steps in fresh processes, each under
+- `run [PASS ...]` (default: all eight, `tests` aside) runs each pass's steps in fresh processes, each under
   its own time limit (so that one slow step cannot eat the others' time), prints what they
   print and keeps it in `OUT/log.txt`, and has them write their raw files to `OUT/results/`
   (`--out`, default `benchmarks/out/`, ignored by git). Copy the files to keep into

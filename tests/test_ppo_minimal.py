@@ -22,8 +22,8 @@ from helpers import qr_operand_shapes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE = os.path.join(ROOT, "algos", "ppo_minimal.py")
-ALLOWED = {"dataclasses", "difflib", "math", "signal", "sys", "time", "typing", "distrax", "flax", "jax", "numpy",
-           "optax", "gymnax", "tyro"}
+ALLOWED = {"dataclasses", "difflib", "math", "signal", "sys", "time", "typing", "distrax", "flax",
+           "jax", "numpy", "optax", "gymnax", "tyro"}
 TINY = dict(total_timesteps=512, num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2)
 
 
@@ -97,7 +97,7 @@ def test_copied_alone_its_command_line_trains_without_the_repository(tmp_path):
 def test_ctrl_c_ends_its_command_line_at_once_without_a_traceback(after_s):
     """SIGINT's default action, set before the imports: the process ends at once wherever it
     is, inside XLA's compiler too (no interpreter teardown under running compiler threads),
-    and a shell reports exit status 130. Importing the file leaves Ctrl-C as it was."""
+    and a shell reports exit status 130 (the next test: only where it runs as a script)."""
     run = subprocess.Popen([sys.executable, SOURCE, "--total-timesteps", "100000000"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(after_s)
