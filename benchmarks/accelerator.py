@@ -14,7 +14,9 @@ Steps, run in the order given:
   x86-64 into `--wheels` (default `.whl/`, ignored by git), to carry with the checkout. jax,
   jaxlib, numpy and scipy are left out: an accelerator machine has its own build of them.
   `--also NAME==VERSION ...` adds wheels (PureJaxRL, for the `vs` passes, imports all of
-  gymnax, which needs matplotlib, pandas and seaborn).
+  gymnax, which needs matplotlib, pandas and seaborn; the first two, with their own needs,
+  are 21 MB more: where the machine has a package index of its own, install them from it
+  into a folder at the end of PYTHONPATH and carry seaborn alone).
 - `install` installs them offline: `pip install --no-index --no-deps --target SITE` (`--site`,
   default `/tmp/onpolicy-site`). For commands of your own afterwards, put SITE at the end of
   PYTHONPATH, after this checkout, so that the machine's own jax stays first:
