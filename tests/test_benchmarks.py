@@ -138,9 +138,9 @@ sys.meta_path.insert(0, Blocked())
 import jax
 from common.envs import make_env
 env, params, _ = make_env("playground/CartpoleBalance")
-obs, state = env.reset(jax.random.PRNGKey(0), params)
-env.step(jax.random.PRNGKey(1), state, env.action_space(params).sample(jax.random.PRNGKey(2)),
-         params)
+obs, state = jax.jit(env.reset)(jax.random.PRNGKey(0), params)  # compiled: eager MJX is slow
+jax.jit(env.step)(jax.random.PRNGKey(1), state,
+                  env.action_space(params).sample(jax.random.PRNGKey(2)), params)
 print("stepped", obs.shape, sorted(set(blocked) & set(sys.modules)))
 """
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
