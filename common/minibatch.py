@@ -10,6 +10,8 @@ PPO's 512-sample batches (the shuffle was 8% of a CartPole run), slower on a TPU
 `permutation` takes each backend's faster (`lax.platform_dependent`).
 """
 
+import dataclasses
+import functools
 import math
 from typing import Callable, NamedTuple
 
@@ -72,21 +74,59 @@ def packed_sort_permutation(key, n: int):
     return order
 
 
-def shuffled_minibatches(key, batch, num_minibatches: int):
+def shuffled_minibatches(key, batch, num_minibatches: int) -> "Minibatches":
     """Split `batch` (a pytree, leading axis [batch_size]) into `num_minibatches` random disjoint
-    minibatches: a pytree with leading axes [num_minibatches, batch_size // num_minibatches]."""
+    minibatches of `batch_size // num_minibatches` samples: a `Minibatches`, whose `stacked()`
+    is the pytree with leading axes [num_minibatches, batch_size // num_minibatches], and
+    which `sgd_scan` steps through."""
     batch_size = jax.tree.leaves(batch)[0].shape[0]
     if batch_size % num_minibatches:
         raise ValueError(f"shuffled_minibatches: batch size {batch_size} does not divide into "
                          f"{num_minibatches} minibatches.")
+    sample = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), batch)
+    leaves, treedef = jax.tree.flatten(sample)
     order = permutation(key, batch_size)
-    # One gather per dtype: the samples' leaves side by side in one row each
-    # (`common.scan.packing`). A TPU gathers a row of many values in about the time it takes
-    # for one value (docs/performance.md, "Speed on a TPU"); the values are the same.
-    pack, unpack = packing(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
-                                        batch))
-    return unpack(tuple(rows[order].reshape((num_minibatches, -1, rows.shape[-1]))
-                        for rows in pack(batch)))
+    return Minibatches(order, packing(sample)[0](batch), num_minibatches,
+                       (treedef, tuple((x.shape, jnp.dtype(x.dtype)) for x in leaves)))
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["order", "rows"],
+                   meta_fields=["num_minibatches", "layout"])
+@dataclasses.dataclass(frozen=True)
+class Minibatches:
+    """A batch split into random disjoint minibatches (`shuffled_minibatches`), not yet
+    gathered: minibatch i is the samples `order[i * size:(i + 1) * size]`. The samples travel
+    packed, one row of values per dtype (`common.scan.packing`): a TPU gathers a row of many
+    values in about the time it takes for one value (docs/performance.md, "Speed on a TPU")."""
+
+    order: jax.Array
+    """[batch_size] int32: a random permutation of the samples."""
+    rows: tuple
+    """The batch packed (`common.scan.packing`): one [batch_size, n] array per dtype."""
+    num_minibatches: int
+    layout: tuple
+    """One sample's tree structure and its leaves' shapes and dtypes."""
+
+    def indices(self):
+        """[num_minibatches, minibatch_size] int32: the samples of each minibatch."""
+        return self.order.reshape((self.num_minibatches, -1))
+
+    def take(self, index):
+        """The samples `index` (int array [*lead]) as the batch's pytree with leading axes
+        [*lead]: `jax.tree.map(lambda x: x[index], batch)`."""
+        return self._unpack(tuple(rows[index] for rows in self.rows))
+
+    def stacked(self):
+        """Every minibatch, gathered at once: the pytree with leading axes [num_minibatches,
+        minibatch_size]."""
+        return self._unpack(tuple(rows[self.order].reshape((self.num_minibatches, -1,
+                                                            rows.shape[-1]))
+                                  for rows in self.rows))
+
+    def _unpack(self, packed):
+        treedef, leaves = self.layout
+        return packing(jax.tree.unflatten(
+            treedef, [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in leaves]))[1](packed)
 
 
 class FlatOptimizer(NamedTuple):
@@ -175,8 +215,9 @@ def vector_form(template) -> VectorForm:
 
 
 def sgd_scan(loss_fn, optimizer, params, opt_state, batches, reduce=lambda tree: tree,
-             vector_steps: bool | None = None):
-    """Minibatch SGD, one step per minibatch of `batches` (a pytree, leading axis: the steps):
+             vector_steps: bool | None = None, unroll: int | None = None):
+    """Minibatch SGD, one step per minibatch of `batches` (a `Minibatches`, or a pytree whose
+    leading axis is the steps):
 
         grads, aux = grad(loss_fn, has_aux=True)(params, batch);  grads, aux = reduce(...)
         updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -196,19 +237,41 @@ def sgd_scan(loss_fn, optimizer, params, opt_state, batches, reduce=lambda tree:
     joining Brax Ant's gradients into one vector cost 16 of each step's 58 us
     (docs/performance.md). The same numbers, up to the rounding of the global norm's sum.
     An optimiser already in its `stepping_form` is stepped as it is.
+
+    A `Minibatches` is gathered where `unroll` says. None: on a CPU all at once before the
+    loop (`stacked()`), elsewhere a minibatch at a time in the step that uses it, with the
+    loop unrolled `UNROLL_OFF_CPU` steps at a time, so that one step's gather runs beside
+    another's work; an int: in its step, unrolled so. On a TPU v5e gathering in the step
+    made Brax Ant's update 0.6 ms faster (docs/performance.md); on a 2-core CPU it was
+    within noise for PPO on CartPole, and the CPU's program stays as it was.
     """
     optimizer, opt_state, stored = stepping_form(optimizer, params, opt_state, vector_steps)
+    xs, minibatch = batches, lambda batch: batch
+    if isinstance(batches, Minibatches):
+        if unroll is None and jax.default_backend() == "cpu":
+            xs = batches.stacked()
+        else:
+            xs, minibatch = batches.indices(), batches.take
+            unroll = unroll or UNROLL_OFF_CPU
+    unroll = unroll or 1
     if isinstance(optimizer, FlatOptimizer):
-        return _vector_sgd_scan(loss_fn, optimizer, params, opt_state, batches, reduce)
+        return _vector_sgd_scan(loss_fn, optimizer, params, opt_state, xs, minibatch, reduce,
+                                unroll)
 
-    def step(carry, batch):
+    def step(carry, x):
         p, s = carry
-        grads, aux = reduce(jax.grad(loss_fn, has_aux=True)(p, batch))
+        grads, aux = reduce(jax.grad(loss_fn, has_aux=True)(p, minibatch(x)))
         updates, s = optimizer.update(grads, s, p)
         return (optax.apply_updates(p, updates), s), aux
 
-    (params, opt_state), aux = lax.scan(step, (params, opt_state), batches)
+    (params, opt_state), aux = lax.scan(step, (params, opt_state), xs, unroll=unroll)
     return params, stored(params, opt_state), aux
+
+
+UNROLL_OFF_CPU = 2
+"""`sgd_scan`'s steps unrolled together off a CPU, where it gathers each minibatch in its
+step: on a TPU v5e Brax Ant's update took 62.84 ms so, 64.29 ms not unrolled, and 63.45 ms
+with the whole batch gathered before the loop (docs/performance.md)."""
 
 
 def stepping_form(optimizer, params, opt_state, vector_steps: bool | None = None):
@@ -231,18 +294,20 @@ def stepping_form(optimizer, params, opt_state, vector_steps: bool | None = None
             lambda params, state: flat_state(params, state, opt_state))
 
 
-def _vector_sgd_scan(loss_fn, optimizer, params, opt_state, batches, reduce):
+def _vector_sgd_scan(loss_fn, optimizer, params, opt_state, xs, minibatch, reduce, unroll):
     """`sgd_scan` of a `flat_optimizer` stepping the parameters' vector form."""
     form = vector_form(params)
 
-    def flat_step(carry, batch):
+    def flat_step(carry, x):
         c, s = carry
+        batch = minibatch(x)
         grads, aux = reduce(jax.grad(lambda c: loss_fn(form.to_params(c), batch),
                                      has_aux=True)(c))
         updates, s = optimizer.inner.update(form.ravel(grads), s, form.ravel(c))
         return (optax.apply_updates(c, form.unravel(updates)), s), aux
 
-    (carry, opt_state), aux = lax.scan(flat_step, (form.to_carry(params), opt_state), batches)
+    (carry, opt_state), aux = lax.scan(flat_step, (form.to_carry(params), opt_state), xs,
+                                       unroll=unroll)
     return form.to_params(carry), opt_state, aux
 
 

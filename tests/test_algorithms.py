@@ -386,7 +386,7 @@ def test_learn_is_minibatch_sgd_with_the_loss_and_plain_optax(algo):
         if algo == "a2c":
             epochs = [jax.tree.map(lambda x: x[None], data)]
         else:
-            epochs = [shuffled_minibatches(k, data, config.num_minibatches)
+            epochs = [shuffled_minibatches(k, data, config.num_minibatches).stacked()
                       for k in jax.random.split(key, config.update_epochs)]
         for batches in epochs:
             (p, s), _ = jax.lax.scan(step, (p, s), batches)

@@ -36,7 +36,7 @@ def test_shuffled_minibatches_cover_the_batch_once():
     from common.minibatch import shuffled_minibatches
 
     batch = {"i": jnp.arange(12), "x": jnp.arange(24.0).reshape(12, 2)}
-    mb = shuffled_minibatches(jax.random.PRNGKey(0), batch, 3)
+    mb = shuffled_minibatches(jax.random.PRNGKey(0), batch, 3).stacked()
     assert mb["i"].shape == (3, 4) and mb["x"].shape == (3, 4, 2)
     np.testing.assert_array_equal(np.sort(np.asarray(mb["i"]).ravel()), np.arange(12))
     np.testing.assert_array_equal(mb["x"][..., 0], 2.0 * mb["i"])  # rows stay together
@@ -54,7 +54,7 @@ def test_shuffled_minibatches_move_every_leaf_whatever_its_dtype_by_the_one_perm
                     "action": 7 * jnp.arange(8, dtype=jnp.int32) - 20,
                     "first": jnp.arange(8) % 3 == 0,
                     "bits": jnp.arange(8, dtype=jnp.uint8)[:, None] * jnp.ones(4, jnp.uint8)})
-    got = shuffled_minibatches(key, batch, 2)
+    got = shuffled_minibatches(key, batch, 2).stacked()
     order = np.asarray(permutation(key, 8))
     want = jax.tree.map(lambda x: np.asarray(x)[order].reshape((2, 4) + x.shape[1:]), batch)
     assert jax.tree.structure(got) == jax.tree.structure(want)
@@ -134,6 +134,54 @@ def test_flat_optimizer_and_sgd_scan_equal_the_optimiser_on_the_tree_also_beside
     with_decay = jax.jit(lambda p: sgd(optax.chain(decay(), flat_optimizer(inner())), p)[0])(
         params)
     assert not np.allclose(no_decay["a"]["kernel"], with_decay["a"]["kernel"])
+
+
+def test_sgd_scan_gathers_each_minibatch_in_its_step_as_the_stacked_minibatches_give():
+    """`sgd_scan` over a `Minibatches` (each minibatch gathered in its step, the loop unrolled
+    1 or 2 steps at a time, with a flat optimiser stepped as a vector or on the tree) gives
+    the parameters, state and per-step outputs of plain optax over its `stacked()` form, a
+    reference loop written here; `take` of any indices gives those samples of every leaf."""
+    import optax
+
+    from common.minibatch import flat_optimizer, sgd_scan, shuffled_minibatches
+
+    k = jax.random.split(jax.random.PRNGKey(4), 5)
+    params = {"w": jax.random.normal(k[0], (3, 2)), "b": jnp.zeros((2,))}
+    batch = {"x": jax.random.normal(k[1], (12, 3)), "y": jax.random.normal(k[2], (12, 2)),
+             "weight": jnp.arange(12, dtype=jnp.int32) % 3}
+    minibatches = shuffled_minibatches(k[3], batch, 4)
+    assert minibatches.indices().shape == (4, 3)
+    index = jnp.array([[5, 0], [11, 11]])
+    for g, w in zip(jax.tree.leaves(minibatches.take(index)), jax.tree.leaves(batch)):
+        np.testing.assert_array_equal(g, np.asarray(w)[np.asarray(index)])
+
+    def loss(p, b):
+        err = (b["x"] @ p["w"] + p["b"] - b["y"]) * (1 + b["weight"][:, None])
+        return jnp.mean(jnp.square(err)), b["weight"].sum()
+
+    def reference(optimizer, p):
+        def step(carry, b):
+            p, s = carry
+            (_, aux), grads = jax.value_and_grad(loss, has_aux=True)(p, b)
+            updates, s = optimizer.update(grads, s, p)
+            return (optax.apply_updates(p, updates), s), aux
+
+        return jax.lax.scan(step, (p, optimizer.init(p)), minibatches.stacked())
+
+    inner = optax.chain(optax.clip_by_global_norm(0.5), optax.adam(1e-1))
+    (want, want_state), want_aux = jax.jit(lambda p: reference(inner, p))(params)
+    assert not np.allclose(want["w"], params["w"])
+    for optimizer, vector_steps in ((inner, None), (flat_optimizer(inner), True),
+                                    (flat_optimizer(inner), False)):
+        want_state = jax.jit(lambda p: reference(optimizer, p)[0][1])(params)
+        for unroll in (1, 2):
+            got, state, aux = jax.jit(lambda p: sgd_scan(
+                loss, optimizer, p, optimizer.init(p), minibatches, vector_steps=vector_steps,
+                unroll=unroll))(params)
+            np.testing.assert_array_equal(aux, want_aux)
+            for g, w in zip(jax.tree.leaves((got, state)), jax.tree.leaves((want, want_state))):
+                np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7,
+                                           err_msg=f"{vector_steps} {unroll}")
 
 
 def test_tree_state_and_flat_state_move_adam_s_moments_between_vector_and_tree():

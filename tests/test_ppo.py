@@ -149,7 +149,7 @@ def test_learn_is_plain_minibatch_sgd_with_optax_and_a_kl_stop_keeps_the_epochs_
 
         s = optimizer.init(params)
         for epoch_key in jax.random.split(key, config.update_epochs)[:epochs]:
-            batches = shuffled_minibatches(epoch_key, data, config.num_minibatches)
+            batches = shuffled_minibatches(epoch_key, data, config.num_minibatches).stacked()
             (params, s), _ = jax.lax.scan(step, (params, s), batches)
         return params, flat_state(params, s, state.opt_state)  # Adam's state in learn's form
 
