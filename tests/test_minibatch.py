@@ -182,6 +182,8 @@ def test_sgd_scan_gathers_each_minibatch_in_its_step_as_the_stacked_minibatches_
             for g, w in zip(jax.tree.leaves((got, state)), jax.tree.leaves((want, want_state))):
                 np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7,
                                            err_msg=f"{vector_steps} {unroll}")
+    with pytest.raises(ValueError, match="unroll must be a whole number"):
+        sgd_scan(loss, inner, params, inner.init(params), minibatches, unroll=0)
 
 
 def test_tree_state_and_flat_state_move_adam_s_moments_between_vector_and_tree():
