@@ -147,16 +147,19 @@ def test_sgd_scan_gathers_each_minibatch_in_its_step_as_the_stacked_minibatches_
 
     k = jax.random.split(jax.random.PRNGKey(4), 5)
     params = {"w": jax.random.normal(k[0], (3, 2)), "b": jnp.zeros((2,))}
-    batch = {"x": jax.random.normal(k[1], (12, 3)), "y": jax.random.normal(k[2], (12, 2)),
-             "weight": jnp.arange(12, dtype=jnp.int32) % 3}
+    batch = (None, {"x": jax.random.normal(k[1], (12, 3)), "y": jax.random.normal(k[2], (12, 2)),
+                    "weight": jnp.arange(12, dtype=jnp.int32) % 3,
+                    "sequence": jax.random.normal(k[4], (12, 5, 2))})  # as (hidden, data)
     minibatches = shuffled_minibatches(k[3], batch, 4)
     assert minibatches.indices().shape == (4, 3)
     index = jnp.array([[5, 0], [11, 11]])
     for g, w in zip(jax.tree.leaves(minibatches.take(index)), jax.tree.leaves(batch)):
         np.testing.assert_array_equal(g, np.asarray(w)[np.asarray(index)])
 
-    def loss(p, b):
-        err = (b["x"] @ p["w"] + p["b"] - b["y"]) * (1 + b["weight"][:, None])
+    def loss(p, minibatch):
+        _, b = minibatch
+        err = (b["x"] @ p["w"] + p["b"] - b["y"] - b["sequence"].sum(1)) * \
+            (1 + b["weight"][:, None])
         return jnp.mean(jnp.square(err)), b["weight"].sum()
 
     def reference(optimizer, p):
