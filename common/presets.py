@@ -176,8 +176,9 @@ PPO_BRAX_ANT = dict(PPO_BRAX_ACCELERATOR, num_envs=4096, hidden_size=256, gamma=
 256-unit layers, gamma 0.98 and the learning rate annealed to 0. On a TPU v5e, 4 seeds at a
 time from the command line, seeds 1-4: mean 7,474, lowest 6,231, 266 s start to exit with
 compiling; in six such runs with this and earlier code the lowest seed ended above 6,000 in
-five and at 5,713 in one (docs/performance.md). With PureJaxRL's settings the lowest of four seeds ended at 4,955, and every
-other combination tried left a seed of four below 6,000 (docs/environments.md)."""
+five and at 5,713 in one (docs/performance.md). With PureJaxRL's settings the lowest of four
+seeds ended at 4,955, and every other combination tried left a seed of four below 6,000
+(docs/environments.md)."""
 _PPO_BRAX_CPU = dict(num_envs=64, num_steps=32, num_minibatches=8, update_epochs=4,
                      learning_rate=3e-4, anneal_lr=False, ent_coef=0.0, normalize_obs=True,
                      normalize_reward=True)
