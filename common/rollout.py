@@ -21,10 +21,11 @@ L (K the smallest divisor of num_steps at least `fresh_starts` x num_steps, so L
 own start. The starts are independent draws from `env.reset`'s distribution and each begins
 one episode, so every episode still starts afresh (Brax's `AutoResetWrapper` restarts each
 environment from its first state). `reset` leaves the environments unstarted and the first
-segment starts them from its starts, so the program holds one batched reset, inside the
-loop over segments. An environment that ends two episodes in one segment (the second shorter
-than L steps), or ends its first episode within the first segment, restarts from a start it
-has taken already, marked in `Trajectory.repeated_start` (the `repeated_starts` metric);
+segment starts them from its starts (off a CPU under a conditional that only a rollout's
+first segment enters), so the program holds one batched reset, inside the loop over
+segments. An environment that ends two episodes in one segment (the second shorter than L
+steps), or ends its first episode within the first segment, restarts from a start it has
+taken already, marked in `Trajectory.repeated_start` (the `repeated_starts` metric);
 episodes of L steps or more never repeat a start. Each restart is a select between the
 environment's own start and its state, never a gather across environments, and each
 segment's starts are made where they are used, never cut out of a larger pool: on a TPU v5e
@@ -240,6 +241,11 @@ def start_unstarted(state: EnvState, starts: StartPool):
                           episode_length=jnp.maximum(state.episode_length, 0)), unstarted
 
 
+def none_taken(state: EnvState, starts: StartPool):
+    """`start_unstarted` where no environment is unstarted: `(state, False for each)`."""
+    return state, jnp.zeros(state.episode_length.shape, bool)
+
+
 def keeps_keys(env, env_params, key) -> bool:
     """Whether the state `env.reset` makes from a `common.threefry` key holds a typed key:
     the environment's `keeps_keys` attribute where it has one (an MJX reset takes seconds to
@@ -322,11 +328,17 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
         transitions packed (speed on CPU only). With a pool, the segment first draws each
         environment's start (one batched reset) and starts the environments `reset` left
         unstarted from it: they have taken their start."""
-        key_starts, keys = xs
+        index, key_starts, keys = xs
         starts = taken = None
         if segments:
             starts = draw_starts(env, env_params, key_starts, num_envs)
-            state, taken = start_unstarted(state, starts)
+            if jax.default_backend() == "cpu":
+                state, taken = start_unstarted(state, starts)
+            else:  # only a first segment can find environments unstarted: a select of every
+                # environment's state elsewhere cost a TPU v5e 0.8 ms of Brax Ant's update
+                # (docs/performance.md). The segment's index is no seed's: under `vmap` the
+                # conditional stays one.
+                state, taken = lax.cond(index == 0, start_unstarted, none_taken, state, starts)
         (state, _), trajectory = packed_scan(functools.partial(one_step, starts),
                                              (state, taken), keys)
         return state, trajectory
@@ -340,10 +352,10 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
     # so that its state holds the raw keys the carry holds.
     env_keys = (lambda keys: keys) if keeps_keys(env, env_params, key) else straight_keys
     if not segments:
-        return segment(state, (None, step_keys))
+        return segment(state, (None, None, step_keys))
     step_keys = step_keys.reshape((segments, num_steps // segments) + step_keys.shape[1:])
-    state, trajectory = lax.scan(segment, state,
-                                 (jax.random.split(key_pool, segments), step_keys))
+    state, trajectory = lax.scan(segment, state, (
+        jnp.arange(segments), jax.random.split(key_pool, segments), step_keys))
     return state, jax.tree.map(lambda x: x.reshape((num_steps,) + x.shape[2:]), trajectory)
 
 

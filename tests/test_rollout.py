@@ -335,3 +335,46 @@ def test_the_first_state_and_the_pool_trace_the_environment_s_reset_once():
     jax.jit(lambda s, k: rollout(counted, env_params, spec, lean_policy, s, k, 4,
                                  fresh_starts=0.5)).lower(state, jax.random.PRNGKey(1))
     assert len(counted.calls) == 1  # the segments' reset (2 segments x 3 starts) reused the trace
+
+
+@pytest.mark.parametrize("fresh_starts", [0.25, 1 / 16, 1 / 80])
+def test_off_a_cpu_only_a_first_segment_starts_unstarted_environments_with_the_same_numbers(
+        monkeypatch, fresh_starts):
+    """Off a CPU a segment starts the environments `reset` left unstarted under a conditional
+    on its index (only a first segment can find any); traced for a TPU here, two rollouts from
+    unstarted environments must give exactly what the CPU's unconditional select gives (10, 4
+    and 1 segments of Pendulum's 5-step episodes: no restarts repeated, half, most)."""
+    env, env_params, spec = make_env("Pendulum-v1")
+    env_params = env_params.replace(max_steps_in_episode=PENDULUM_LIMIT)
+    policy = lambda key, obs, first, h: (  # noqa: E731
+        jax.random.uniform(key, (obs.shape[0], 1), minval=-3.0, maxval=3.0), (), h)
+
+    def two(key):
+        state = reset(env, env_params, key, 8, fresh_starts=fresh_starts, num_steps=40)
+        after, first = rollout(env, env_params, spec, policy, state, jax.random.fold_in(key, 1),
+                               40, fresh_starts)
+        return after, first, rollout(env, env_params, spec, policy, after,
+                                     jax.random.fold_in(key, 2), 40, fresh_starts)
+
+    def traced_for(backend):  # a new function each time: JAX keeps a function's traces
+        monkeypatch.setattr(jax, "default_backend", lambda: backend)
+        conds = sum(e.primitive.name == "cond" for e in all_eqns(jax.make_jaxpr(
+            lambda key: two(key))(jax.random.PRNGKey(0)).jaxpr))
+        return conds, jax.tree.map(np.asarray, jax.jit(lambda key: two(key))(
+            jax.random.PRNGKey(0)))
+
+    (cpu_conds, cpu), (tpu_conds, tpu) = traced_for("cpu"), traced_for("tpu")
+    for got, want in zip(jax.tree.leaves(tpu), jax.tree.leaves(cpu)):
+        np.testing.assert_array_equal(got, want)
+    assert tpu[1].first[0].all() and (np.abs(tpu[1].obs[0]).sum(1) > 0).all()  # started
+    repeated = tpu[1].repeated_start.sum() + tpu[2][1].repeated_start.sum()
+    assert (repeated > 0) == (fresh_starts < 0.25)
+    assert tpu_conds == cpu_conds + 2  # one in each rollout's loop over segments
+
+
+def all_eqns(jaxpr):
+    """Every equation of `jaxpr` and of the jaxprs inside it."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for inner in inner_jaxprs(eqn):
+            yield from all_eqns(inner)
