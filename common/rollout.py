@@ -21,7 +21,7 @@ L (K the smallest divisor of num_steps at least `fresh_starts` x num_steps, so L
 own start. The starts are independent draws from `env.reset`'s distribution and each begins
 one episode, so every episode still starts afresh (Brax's `AutoResetWrapper` restarts each
 environment from its first state). `reset` leaves the environments unstarted and the first
-segment starts them from its starts (off a CPU under a conditional that only a rollout's
+segment starts them from its starts (on a TPU under a conditional that only a rollout's
 first segment enters), so the program holds one batched reset, inside the loop over
 segments. An environment that ends two episodes in one segment (the second shorter than L
 steps), or ends its first episode within the first segment, restarts from a start it has
@@ -332,12 +332,13 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
         starts = taken = None
         if segments:
             starts = draw_starts(env, env_params, key_starts, num_envs)
-            if jax.default_backend() == "cpu":
+            if jax.default_backend() != "tpu":
                 state, taken = start_unstarted(state, starts)
             else:  # only a first segment can find environments unstarted: a select of every
                 # environment's state elsewhere cost a TPU v5e 0.8 ms of Brax Ant's update
                 # (docs/performance.md). The segment's index is no seed's: under `vmap` the
-                # conditional stays one.
+                # conditional stays one. (A GPU reads a conditional's predicate back to the
+                # host, so there it may cost more than the select; not measured.)
                 state, taken = lax.cond(index == 0, start_unstarted, none_taken, state, starts)
         (state, _), trajectory = packed_scan(functools.partial(one_step, starts),
                                              (state, taken), keys)

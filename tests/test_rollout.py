@@ -338,12 +338,13 @@ def test_the_first_state_and_the_pool_trace_the_environment_s_reset_once():
 
 
 @pytest.mark.parametrize("fresh_starts", [0.25, 1 / 16, 1 / 80])
-def test_off_a_cpu_only_a_first_segment_starts_unstarted_environments_with_the_same_numbers(
+def test_on_a_tpu_only_a_first_segment_starts_unstarted_environments_with_the_same_numbers(
         monkeypatch, fresh_starts):
-    """Off a CPU a segment starts the environments `reset` left unstarted under a conditional
+    """On a TPU a segment starts the environments `reset` left unstarted under a conditional
     on its index (only a first segment can find any); traced for a TPU here, two rollouts from
     unstarted environments must give exactly what the CPU's unconditional select gives (10, 4
-    and 1 segments of Pendulum's 5-step episodes: no restarts repeated, half, most)."""
+    and 1 segments of Pendulum's 5-step episodes: no restarts repeated, half, most). A GPU
+    keeps the select."""
     env, env_params, spec = make_env("Pendulum-v1")
     env_params = env_params.replace(max_steps_in_episode=PENDULUM_LIMIT)
     policy = lambda key, obs, first, h: (  # noqa: E731
@@ -370,6 +371,7 @@ def test_off_a_cpu_only_a_first_segment_starts_unstarted_environments_with_the_s
     repeated = tpu[1].repeated_start.sum() + tpu[2][1].repeated_start.sum()
     assert (repeated > 0) == (fresh_starts < 0.25)
     assert tpu_conds == cpu_conds + 2  # one in each rollout's loop over segments
+    assert traced_for("gpu")[0] == cpu_conds
 
 
 def all_eqns(jaxpr):
