@@ -335,8 +335,8 @@ def rollout(env, env_params, spec: EnvSpec, policy: Callable, state: EnvState, k
             if jax.default_backend() != "tpu":
                 state, taken = start_unstarted(state, starts)
             else:  # only a first segment can find environments unstarted: a select of every
-                # environment's state elsewhere cost a TPU v5e 0.8 ms of Brax Ant's update
-                # (docs/performance.md). The segment's index is no seed's: under `vmap` the
+                # environment's state in each segment cost a TPU v5e 0.8 ms of Brax Ant's
+                # update (docs/performance.md). The segment's index is no seed's: under `vmap` the
                 # conditional stays one. (A GPU reads a conditional's predicate back to the
                 # host, so there it may cost more than the select; not measured.)
                 state, taken = lax.cond(index == 0, start_unstarted, none_taken, state, starts)
