@@ -143,16 +143,21 @@ def inner_jaxprs(eqn) -> list:
     return found
 
 
+def all_eqns(jaxpr):
+    """Every equation of `jaxpr` and of the programs nested in it, each before those nested
+    in it."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for inner in inner_jaxprs(eqn):
+            yield from all_eqns(inner)
+
+
 def qr_operand_shapes(jaxpr) -> list:
     """The operand shapes of every QR decomposition in `jaxpr`, nested programs included (a
     batched QR, under `vmap`, is the jaxlib 0.10 CPU deadlock's trigger)."""
-    shapes = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name in ("qr", "geqrf", "geqp3"):  # not "sqrt"
-            shapes += [v.aval.shape for v in eqn.invars]
-        for inner in inner_jaxprs(eqn):
-            shapes += qr_operand_shapes(inner)
-    return shapes
+    return [v.aval.shape for eqn in all_eqns(jaxpr)
+            if eqn.primitive.name in ("qr", "geqrf", "geqp3")  # not "sqrt"
+            for v in eqn.invars]
 
 
 def interrupted_while_importing(args: list, cwd: str):

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import inner_jaxprs
+from helpers import all_eqns
 
 
 def test_permutation_is_a_uniform_permutation():
@@ -282,13 +282,7 @@ def test_permutation_sorts_packed_keys_on_cpu_and_wide_keys_elsewhere():
 
 def _scans(jaxpr):
     """Every `scan` in `jaxpr`, nested programs included, outermost first."""
-    found = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "scan":
-            found.append(eqn)
-        for inner in inner_jaxprs(eqn):
-            found += _scans(inner)
-    return found
+    return [eqn for eqn in all_eqns(jaxpr) if eqn.primitive.name == "scan"]
 
 
 @pytest.mark.parametrize("algo", ["ppo", "impala"])

@@ -11,7 +11,7 @@ import pytest
 from common.envs import make_env
 from common.rollout import (StartPool, finished_episode_stats, pool_segments, reset,
                             restart_from_pool, rollout)
-from helpers import inner_jaxprs
+from helpers import all_eqns, inner_jaxprs
 
 
 def lean_policy(key, obs, first, hidden):
@@ -372,11 +372,3 @@ def test_on_a_tpu_only_a_first_segment_starts_unstarted_environments_with_the_sa
     assert (repeated > 0) == (fresh_starts < 0.25)
     assert tpu_conds == cpu_conds + 2  # one in each rollout's loop over segments
     assert traced_for("gpu")[0] == cpu_conds
-
-
-def all_eqns(jaxpr):
-    """Every equation of `jaxpr` and of the jaxprs inside it."""
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for inner in inner_jaxprs(eqn):
-            yield from all_eqns(inner)
