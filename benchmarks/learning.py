@@ -1,6 +1,7 @@
 """Learning benchmark: train N vmapped seeds of one algorithm on one environment.
 
     python benchmarks/learning.py --algo ppo --env-id CartPole-v1 --seeds 32
+    python benchmarks/learning.py --suite playground --algos a2c impala
 
 Settings are the presets of `common/presets.py` (through `benchmarks/configs.py`; override the
 budget with --total-timesteps).
@@ -8,6 +9,16 @@ Prints the final return (mean over the last 10% of updates) per seed, their mean
 min, and the steady-state SPS; saves every seed's final return and its episodic return per
 update (at most 500 points: block means of `updates_per_point` updates for longer runs), with
 the command, commit and library versions, to `benchmarks/results/{algo}__{env_id}.json`.
+
+`--suite playground` runs every Control Suite task of MuJoCo Playground (`playground/<Task>`,
+or those of `--tasks`) end to end with each algorithm of `--algos` instead: its preset's
+config with a small budget (`--num-envs` x `--num-steps` x `--updates`, 2 minibatches where
+the algorithm has them), `jit(train)` compiled and run once on one key; it records the compile
+and training time, the steps per second, whether every metric (but the episodic ones) and
+every parameter is finite, and the returns of the episodes that ended. Writes
+`benchmarks/results/playground_suite.json` (`--name`; with the commit and library versions)
+and prints one line per run. A task that fails to build, compile or run is recorded with its
+error and the suite goes on; it exits 1 if any did.
 """
 
 import argparse
@@ -16,6 +27,8 @@ import importlib
 import os
 import sys
 import time
+import traceback
+from importlib import metadata
 
 import jax
 import numpy as np
@@ -54,6 +67,75 @@ def run_cell(algo: str, env_id: str, seeds: int, total_timesteps=None, seed: int
     return config, metrics, compile_s, train_s
 
 
+EPISODIC = ("episodic_return", "episodic_length", "repeated_starts")
+"""Metrics that are NaN where no episode ended: left out of the suite's finiteness check."""
+
+
+def suite_run(algo: str, env_id: str, num_envs: int, num_steps: int, updates: int) -> dict:
+    """One run of `--suite`: the preset's config with a small budget, compiled and run once."""
+    module = importlib.import_module(f"algos.{algo}")
+    small = dict(num_envs=num_envs, num_steps=num_steps)
+    if "num_minibatches" in {f.name for f in dataclasses.fields(module.Config)}:
+        small["num_minibatches"] = 2
+    config = cell_config(algo, env_id, num_envs * num_steps * updates, **small)
+    start = time.perf_counter()
+    compiled = jax.jit(module.make_train(config)).lower(jax.random.PRNGKey(0)).compile()
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    state, metrics = jax.block_until_ready(compiled(jax.random.PRNGKey(0)))
+    train_s = time.perf_counter() - start
+    finite = all(bool(np.isfinite(np.asarray(v)).all()) for k, v in metrics.items()
+                 if k not in EPISODIC)
+    finite = finite and all(bool(np.isfinite(np.asarray(x)).all())
+                            for x in jax.tree.leaves(state.params))
+    returns = np.asarray(metrics["episodic_return"])
+    return {"compile_s": round(compile_s, 2), "train_s": round(train_s, 3),
+            "sps": round(config.num_updates * config.batch_size / train_s),
+            "finite": finite, "episodes_ended": bool(np.isfinite(returns).any()),
+            "returns": [round(float(r), 2) for r in returns[np.isfinite(returns)]]}
+
+
+def playground_suite(parser, args) -> int:
+    """`--suite playground`: every run, each recorded and printed as it ends; 1 if any
+    failed."""
+    from common.presets import PLAYGROUND  # the Control Suite's tasks, where installed
+
+    suite = [env_id.removeprefix("playground/") for env_id in PLAYGROUND]
+    if not suite:
+        parser.error("MuJoCo Playground is not installed: pip install -e \".[playground]\"")
+    tasks = args.tasks or suite
+    unknown = sorted(set(tasks) - set(suite))
+    if unknown:
+        parser.error(f"not Control Suite tasks: {', '.join(unknown)}")
+    runs, failed = [], 0
+    for task in tasks:
+        for algo in args.algos:
+            env_id = f"playground/{task}"
+            try:
+                result = suite_run(algo, env_id, args.num_envs, args.num_steps, args.updates)
+                ok = result["finite"] and result["episodes_ended"]
+            except Exception as error:  # recorded, and the suite goes on
+                result = {"error": f"{type(error).__name__}: {error}"[:500],
+                          "traceback": traceback.format_exc()[-2000:]}
+                ok = False
+            failed += not ok
+            runs.append({"algo": algo, "env_id": env_id, "ok": ok, **result})
+            summary = result.get("error") or (
+                f"compile {result['compile_s']:.1f}s, train {result['train_s']:.2f}s, "
+                f"{result['sps']:,} SPS, finite {result['finite']}, returns {result['returns']}")
+            print(f"{'ok  ' if ok else 'FAIL'} {algo:6s} {env_id:36s} {summary}", flush=True)
+    path = save_record({
+        "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
+        "commit": source_commit(),
+        "versions": {**library_versions(), **{p: metadata.version(p) for p in (
+            "playground", "mujoco", "mujoco-mjx", "brax")}},
+        "device": jax.devices()[0].device_kind, "num_envs": args.num_envs,
+        "num_steps": args.num_steps, "updates": args.updates, "runs": runs},
+        args.out_dir, args.name)
+    print(f"{len(runs) - failed} of {len(runs)} runs ok; saved {os.path.relpath(path, ROOT)}")
+    return 1 if failed else 0
+
+
 def make_parser() -> argparse.ArgumentParser:
     """This script's command line (`benchmarks/table.py` reads recorded commands with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -68,11 +150,36 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tag", default="",
                         help="suffix of the results file name (default: the variant)")
     parser.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results"))
+    suite = parser.add_argument_group("--suite playground (the docstring says what it runs)")
+    suite.add_argument("--suite", choices=["playground"], default=None)
+    suite.add_argument("--algos", nargs="+", default=["ppo", "a2c", "impala"],
+                       choices=["ppo", "a2c", "impala"])
+    suite.add_argument("--tasks", nargs="*", default=None,
+                       help="Control Suite task names (default: every one)")
+    suite.add_argument("--num-envs", type=int, default=4)
+    suite.add_argument("--num-steps", type=int, default=250,
+                       help="a 1000-step episode ends after 4 rollouts of 250 steps")
+    suite.add_argument("--updates", type=int, default=4)
+    suite.add_argument("--name", default="playground_suite", help="the JSON file's name")
     return parser
 
 
+CELL_ONLY = ("algo", "env_id", "seeds", "total_timesteps", "set", "variant", "tag")
+SUITE_ONLY = ("algos", "tasks", "num_envs", "num_steps", "updates", "name")
+"""The flags that one cell, or only `--suite`, reads: each refused in the other mode."""
+
+
 def main():
-    args = make_parser().parse_args()
+    parser = make_parser()
+    args = parser.parse_args()
+    defaults = parser.parse_args([])
+    wrong = [name for name in (CELL_ONLY if args.suite else SUITE_ONLY)
+             if getattr(args, name) != getattr(defaults, name)]
+    if wrong:
+        flag = "--" + wrong[0].replace("_", "-")
+        parser.error(f"{flag} applies only {'without' if args.suite else 'with'} --suite")
+    if args.suite:
+        return playground_suite(parser, args)
 
     overrides = parse_overrides(args.set)
     args.total_timesteps = check_overrides(
@@ -109,4 +216,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -320,19 +320,27 @@ def test_a_results_path_that_cannot_be_written_is_one_line_and_exit_2_before_run
         assert error.startswith(f"{script}: error: --out {out}") and why in error, error
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--profile", "--total-timesteps", "5000"], "--total-timesteps applies only without"),
-    (["--profile", "--purejaxrl-first"], "--purejaxrl-first applies only without --profile"),
-    (["--updates", "3"], "--updates applies only with --profile"),
-    (["--lowering-profile"], "--lowering-profile applies only with --profile")])
-def test_the_comparison_refuses_a_flag_of_its_other_mode(args, message, monkeypatch, capsys):
-    """`vs_purejaxrl.py`: a flag that only the side-by-side or only `--profile` reads is
-    refused in the other mode with one line, not silently ignored."""
-    from benchmarks import vs_purejaxrl
+REFERENCE = ["--reference", "none"]
 
-    monkeypatch.setattr(sys, "argv", ["vs_purejaxrl", "--reference", "none", *args])
+
+@pytest.mark.parametrize("script, args, message", [
+    ("vs_purejaxrl", [*REFERENCE, "--profile", "--total-timesteps", "5000"],
+     "--total-timesteps applies only without --profile"),
+    ("vs_purejaxrl", [*REFERENCE, "--profile", "--purejaxrl-first"],
+     "--purejaxrl-first applies only without --profile"),
+    ("vs_purejaxrl", [*REFERENCE, "--updates", "3"], "--updates applies only with --profile"),
+    ("vs_purejaxrl", [*REFERENCE, "--lowering-profile"],
+     "--lowering-profile applies only with --profile"),
+    ("learning", ["--suite", "playground", "--seeds", "3"], "--seeds applies only without --suite"),
+    ("learning", ["--tasks", "CartpoleBalance"], "--tasks applies only with --suite")])
+def test_a_flag_of_a_scripts_other_mode_is_refused(script, args, message, monkeypatch, capsys):
+    """`vs_purejaxrl.py` (side by side or `--profile`) and `learning.py` (one cell or
+    `--suite`): a flag that only the other mode reads is refused with one line before anything
+    runs, not silently ignored."""
+    module = importlib.import_module(f"benchmarks.{script}")
+    monkeypatch.setattr(sys, "argv", [script, *args])
     with pytest.raises(SystemExit) as stop:
-        vs_purejaxrl.main()
+        module.main()
     assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
