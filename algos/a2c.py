@@ -29,8 +29,9 @@ What differs from the paper, following OpenAI Baselines' `a2c` and Stable-Baseli
 - the value loss carries a factor 0.5 (as in `ppo.py`); Baselines and SB3 use the plain mean
   squared error, so their `vf_coef` equals ours / 2 for the same gradient.
 
-From Python (needs only `common/` modules `envs`, `rollout`, `scan`, `threefry`, `gae`,
-`normalize`, `distributed`, `nn`, `minibatch` and `validate`; `docs/copying.md`):
+From Python (needs only `common/` modules `envs`, `envapi`, `gymnaxenv`, `rollout`, `scan`,
+`threefry`, `gae`, `normalize`, `distributed`, `nn`, `minibatch` and `validate`;
+`docs/copying.md`):
 
     train = make_train(Config(env_id="CartPole-v1"))
     state, metrics = jax.jit(train)(jax.random.PRNGKey(0))
@@ -58,7 +59,8 @@ from jax import lax
 
 from common import distributed, normalize
 from common.distributed import pmean
-from common.envs import EnvSpec, check_env_id, make_env
+from common.envapi import EnvSpec
+from common.envs import check_env_id, make_env
 from common.gae import gae
 from common.minibatch import sgd_scan
 from common.nn import CORES, Conv, Dense, orthogonal

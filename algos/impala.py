@@ -34,8 +34,9 @@ What differs from the paper:
 `vtrace = False` keeps everything else and drops the correction (`log_rhos = 0`: the
 "no-correction" baseline of the paper's Sec. 5.3), for ablations.
 
-From Python (needs only `common/` modules `envs`, `rollout`, `scan`, `threefry`, `vtrace`,
-`normalize`, `distributed`, `nn`, `minibatch` and `validate`; `docs/copying.md`):
+From Python (needs only `common/` modules `envs`, `envapi`, `gymnaxenv`, `rollout`, `scan`,
+`threefry`, `vtrace`, `normalize`, `distributed`, `nn`, `minibatch` and `validate`;
+`docs/copying.md`):
 
     train = make_train(Config(env_id="CartPole-v1"))
     state, metrics = jax.jit(train)(jax.random.PRNGKey(0))
@@ -63,7 +64,8 @@ from jax import lax
 
 from common import distributed, normalize
 from common.distributed import pmean
-from common.envs import EnvSpec, check_env_id, make_env
+from common.envapi import EnvSpec
+from common.envs import check_env_id, make_env
 from common.minibatch import flat_optimizer, sgd_scan, shuffled_minibatches, stepping_form
 from common.nn import CORES, Conv, Dense, orthogonal
 from common.rollout import EnvState, finished_episode_stats, reset, rollout, steps_done

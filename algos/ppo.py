@@ -19,8 +19,9 @@ al. (2022), "The 37 Implementation Details of PPO" (ICLR blog track), and matchi
   a terminal state (Pardo et al. 2018, arXiv:1712.00378) -- see `common/gae.py`;
 - optional early stop of an update's epochs when the approximate KL exceeds `target_kl`.
 
-From Python (needs only `common/` modules `envs`, `rollout`, `scan`, `threefry`, `gae`,
-`normalize`, `distributed`, `nn`, `minibatch` and `validate`; `docs/copying.md`):
+From Python (needs only `common/` modules `envs`, `envapi`, `gymnaxenv`, `rollout`, `scan`,
+`threefry`, `gae`, `normalize`, `distributed`, `nn`, `minibatch` and `validate`;
+`docs/copying.md`):
 
     train = make_train(Config(env_id="CartPole-v1"))
     state, metrics = jax.jit(train)(jax.random.PRNGKey(0))
@@ -48,7 +49,8 @@ from jax import lax
 
 from common import distributed, normalize
 from common.distributed import pmean
-from common.envs import EnvSpec, check_env_id, make_env
+from common.envapi import EnvSpec
+from common.envs import check_env_id, make_env
 from common.gae import gae
 from common.minibatch import flat_optimizer, sgd_scan, shuffled_minibatches, stepping_form
 from common.nn import CORES, Conv, Dense, orthogonal

@@ -55,13 +55,13 @@ def bare(algo: str, args: list[str], chunk_loop: bool = False) -> dict:
     import numpy as np
     from jax.sharding import PartitionSpec as P
 
-    from common.host import cli
+    from common.host import cli, flags
     from common.host.devices import Layout, setup_devices
     from common.host.logger import seed_keys
     from common.host.prng import unroll_threefry_on_cpu
 
     module = importlib.import_module(f"algos.{algo}")
-    config, run = cli.parse(algo, module.Config, args)
+    config, run = flags.parse(algo, module.Config, args)
     setup_devices(run)
     unroll_threefry_on_cpu()  # as the command line does
     train = module.make_train(config)

@@ -1,7 +1,8 @@
 """Brax physics environments behind the gymnax interface the rollout and evaluation use.
 
-`make_env("brax/ant", brax_backend=...)` (`common/envs.py`) wraps Brax's own environment, with
-none of Brax's wrappers, in `BraxEnv`, which gives it what every gymnax environment here has:
+`make_env("brax/ant", brax_backend=...)` (`common/envs.py`) calls this adapter's `make`, which
+wraps Brax's own environment, with none of Brax's wrappers, in `BraxEnv`, which gives it what
+every gymnax environment here has:
 
 - `step(key, state, action, params) -> (obs, state, reward, terminated, truncated, info)`;
 - `terminated` is the environment's own `done` (Ant or Hopper no longer healthy): a terminal
@@ -21,6 +22,7 @@ positional, learned Hopper fastest per second of training on a CPU (docs/environ
 
 import contextlib
 import functools
+import importlib.util
 import io
 import warnings
 from typing import Any, NamedTuple
@@ -28,7 +30,48 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from common.envs import TimeLimitAutoReset, gymnax_spaces
+from common.envapi import TimeLimitAutoReset, UnknownEnvId, gymnax_spaces
+
+BRAX_ENVS = ("ant", "halfcheetah", "hopper", "humanoid", "humanoidstandup",
+             "inverted_pendulum", "inverted_double_pendulum", "pusher", "reacher", "swimmer",
+             "walker2d")
+"""Brax's environments, made as `brax/<name>`."""
+BRAX_BACKENDS = ("spring", "positional", "generalized", "mjx")
+"""Brax's physics pipelines (`--brax-backend`), fastest and crudest first."""
+BRAX_ONLY_ON = {"swimmer": ("generalized",)}
+"""The Brax environments that run on some pipelines only (Brax's `swimmer.py` refuses every
+other)."""
+
+
+def ids() -> list[str]:
+    """`brax/<name>` for each of `BRAX_ENVS`, installed or not."""
+    return [f"brax/{name}" for name in BRAX_ENVS]
+
+
+def check(env_id: str, brax_backend: str | None = None):
+    """`UnknownEnvId` for an id not in `ids()`; `ValueError` where Brax is not installed, and
+    for a physics pipeline `brax_backend` that is not Brax's or that the environment does not
+    run on (`BRAX_ONLY_ON`; None: not checked)."""
+    if env_id not in ids():
+        raise UnknownEnvId(env_id)
+    if importlib.util.find_spec("brax") is None:
+        raise ValueError(f"{env_id} needs Brax, which is not installed: "
+                         "pip install -e \".[brax]\"")
+    if brax_backend is not None:
+        if brax_backend not in BRAX_BACKENDS:
+            raise ValueError(f"--brax-backend must be one of {', '.join(BRAX_BACKENDS)}, got "
+                             f"{brax_backend!r}.")
+        only_on = BRAX_ONLY_ON.get(env_id.removeprefix("brax/"), BRAX_BACKENDS)
+        if brax_backend not in only_on:
+            raise ValueError(f"{env_id} runs on Brax's {' or '.join(only_on)} physics "
+                             f"pipeline only, not {brax_backend}: pass --brax-backend "
+                             f"{only_on[0]}.")
+
+
+def make(env_id: str, brax_backend: str):
+    """`(env, env_params)`: the `BraxEnv` of `brax/<name>` on pipeline `brax_backend`."""
+    env = BraxEnv(env_id.removeprefix("brax/"), brax_backend)
+    return env, env.default_params
 
 
 class BraxParams(NamedTuple):

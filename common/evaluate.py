@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from common.envs import EnvSpec, to_env_action
+from common.envapi import EnvSpec, to_env_action
 
 
 class _Carry(NamedTuple):

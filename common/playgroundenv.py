@@ -1,8 +1,8 @@
 """MuJoCo Playground's DeepMind Control Suite (MJX physics) behind the gymnax interface.
 
-`make_env("playground/CheetahRun")` (`common/envs.py`) loads Playground's own environment
-(`mujoco_playground.registry.load`), with none of its training wrappers, and gives it what
-every environment here has, as `common/braxenv.py` does for Brax:
+`make_env("playground/CheetahRun")` (`common/envs.py`) calls this adapter's `make`, which loads
+Playground's own environment (`mujoco_playground.registry.load`), with none of its training
+wrappers, and gives it what every environment here has, as `common/braxenv.py` does for Brax:
 
 - `step(key, state, action, params) -> (obs, state, reward, terminated, truncated, info)`, and
   `step_env` / `is_truncated`, the same step without a reset (`common/rollout.py`'s pool);
@@ -25,6 +25,7 @@ Playground is an optional extra (`pip install -e ".[playground]"`), imported onl
 importing it (which starts JAX and takes seconds), so a wrong id fails before anything starts.
 """
 
+import ast
 import contextlib
 import functools
 import importlib.util
@@ -36,7 +37,43 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from common.envs import TimeLimitAutoReset, gymnax_spaces, playground_tasks
+from common.envapi import TimeLimitAutoReset, gymnax_spaces
+
+
+@functools.cache
+def playground_tasks() -> dict[str, str]:
+    """MuJoCo Playground's task names -> their registry (`dm_control_suite`, `locomotion`,
+    `manipulation`), read from the `_envs` tables of its installed files without importing it
+    (which starts JAX); empty where Playground is not installed."""
+    spec = importlib.util.find_spec("mujoco_playground")
+    names = {}
+    for suite in ("dm_control_suite", "locomotion", "manipulation") if spec else ():
+        path = os.path.join(spec.submodule_search_locations[0], "_src", suite, "__init__.py")
+        with open(path) as f:
+            for node in ast.parse(f.read()).body:
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict) and \
+                        any(getattr(t, "id", None) == "_envs" for t in node.targets):
+                    names.update({ast.literal_eval(k): suite for k in node.value.keys})
+    return names
+
+
+def ids() -> list[str]:
+    """`playground/<Task>` for each task of the Control Suite (where Playground is installed):
+    the ids listed; `check` and `make` take the other registries' tasks too."""
+    return [f"playground/{t}" for t, s in playground_tasks().items() if s == "dm_control_suite"]
+
+
+def check(env_id: str, brax_backend: str | None = None):
+    """`check_task` of `playground/<Task>`: every refusal worded here, an unknown task's too
+    (`brax_backend` is not used)."""
+    check_task(env_id.removeprefix("playground/"))
+
+
+def make(env_id: str, brax_backend: str | None = None):
+    """`(env, env_params)`: the `PlaygroundEnv` of `playground/<Task>`."""
+    env = PlaygroundEnv(env_id.removeprefix("playground/"))
+    return env, env.default_params
+
 
 def menagerie_path() -> str:
     """Where Playground looks for MuJoCo Menagerie's robot models."""

@@ -8,7 +8,7 @@ and prints it; a flag given on the command line wins over the preset; `--no-pres
 presets off. Each entry says where its numbers come from.
 """
 
-from common.envs import playground_tasks
+from common.playgroundenv import playground_tasks
 
 MINATAR = ("Breakout-MinAtar", "SpaceInvaders-MinAtar", "Asterix-MinAtar", "Freeway-MinAtar")
 """The four MinAtar games of the results table."""

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from common.envs import EnvSpec, to_env_action
+from common.envapi import EnvSpec, per_env, to_env_action
 from common.scan import packed_scan
 from common.threefry import raw_keys, straight_keys
 
@@ -97,63 +97,6 @@ class StartPool(NamedTuple):
 
     obs: jax.Array
     env_state: Any
-
-
-def per_env(fn, env_params):
-    """`fn(*args, env_params)` over a batch of environments: `jax.vmap(fn, in_axes=(0, ...,
-    None))` with `fn` traced for one environment under `jax.jit`.
-
-    The same computation, faster to build: JAX traces the environment's Python once, for one
-    environment, and batches the traced program (the way it batches any jitted function under
-    vmap), instead of running each of that Python's operations through vmap's tracer. A Brax
-    step is thousands of small operations: on a CPU Ant's traced in 0.65 s instead of 1.3 s,
-    and PPO's whole Brax Ant program lowered in 4.1 s instead of 6.2 s (PureJaxRL's, whose
-    wrappers jit their steps, 4.8 s). The inner jit is inlined into the one XLA program, which
-    may round a few results differently in the last bit (CartPole's step: 3 of 9 outputs).
-    One jitted function serves every call with the same `fn` and (hashable) `env_params`, so
-    that the first state's reset and the pool's, even in two programs of one process, trace
-    the environment once: JAX reuses a jitted function's trace for the same input shapes.
-    """
-    return jax.vmap(_jitted(fn, env_params))
-
-
-@functools.lru_cache(maxsize=32)
-def _cached_jit(fn, env_params):
-    def one_env(*args):
-        return fn(*args, env_params)
-    one_env.__name__ = getattr(fn, "__name__", "env")  # the program's name for it: "reset", ...
-    return jax.jit(one_env)
-
-
-def _jitted(fn, env_params):
-    """`jax.jit(fn(*args, env_params))`, one per `(fn, env_params)` where both hash (a bound
-    method hashes by its object: gymnax's, Brax's, Playground's environments do)."""
-    try:
-        return _cached_jit(fn, env_params)
-    except TypeError:  # parameters that hold arrays: a function of its own
-        return _cached_jit.__wrapped__(fn, env_params)
-
-
-def trace_ahead(env, env_params):
-    """On an accelerator, trace one environment's `env.reset` and `env.step_env` now, outside
-    any program, for an environment with a pool by default (Brax, Playground; no-op
-    elsewhere, and on a CPU).
-
-    `per_env`'s jitted functions keep these traces, and the programs built later (the first
-    state, the rollout's pool and step) reuse them instead of tracing the physics inside a
-    `vmap` over seeds of nested scans, where each of JAX's operations costs more. On a TPU
-    v5e's host Brax Ant's step traced in 0.8 s here against 5.9 s inside PPO's program, which
-    then lowered in 16.1 s with this call against 21.2 and 21.6 s without (4 seeds x 2,048
-    environments). On a CPU it gained nothing (docs/performance.md). The shapes are those the
-    rollout uses there: raw uint32 keys (`straight_keys` changes none off the CPU), float32
-    actions; a program that calls with others traces its own, as without this call.
-    """
-    if jax.default_backend() == "cpu" or getattr(env, "fresh_starts", 1.0) >= 1:
-        return
-    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
-    _, state = _jitted(env.reset, env_params).trace(key).out_info
-    action = jax.ShapeDtypeStruct(env.action_space(env_params).shape, jnp.float32)
-    _jitted(env.step_env, env_params).trace(key, state, action)
 
 
 def reset(env, env_params, key, num_envs: int, hidden=None, fresh_starts: float | None = None,

@@ -77,7 +77,7 @@ def packed_scan(f: Callable, init, xs, length: int | None = None):
     pack_c, unpack_c = packing(init)  # the carry keeps its shapes and dtypes from step to step
     # f's outputs' shapes, from the carry as the loop hands it over (packed and unpacked: weak
     # types made strong), so that the loop's trace of f repeats this one and a jitted function
-    # inside f is traced once (`common.rollout.per_env`)
+    # inside f is traced once (`common.envapi.per_env`)
     _, y_shape = jax.eval_shape(lambda c, x: f(unpack_c(pack_c(c)), x), init, x0)
     pack_x, unpack_x = packing(x0)
     pack_y, unpack_y = packing(y_shape)

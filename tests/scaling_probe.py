@@ -323,11 +323,11 @@ def check_chunks_per_device():
     after chunk, to float rounding (XLA optimises the two programs apart), as global arrays
     laid out as that program's."""
     from algos.a2c import Config, make_train
-    from common.host import cli
+    from common.host import flags
     from common.host.devices import Layout
 
-    config, run = cli.parse("a2c", Config, ["--total-timesteps", "4000", "--num-seeds", "4",
-                                            "--num-devices", "4"])
+    config, run = flags.parse("a2c", Config, ["--total-timesteps", "4000", "--num-seeds", "4",
+                                              "--num-devices", "4"])
     train = make_train(config)
     keys = np.stack([raw_key(i) for i in range(4)])
     hps = jax.vmap(lambda _: config.hparams())(keys)

@@ -106,7 +106,7 @@ def test_every_episode_starts_from_a_fresh_random_state(fresh_starts):
 @pytest.mark.parametrize("backend", ["cpu", "tpu"])
 def test_on_an_accelerator_make_env_traces_the_step_the_rollout_then_reuses(monkeypatch,
                                                                           backend):
-    """`common.rollout.trace_ahead`, with the accelerator's code path forced on this CPU:
+    """`common.envapi.trace_ahead`, with the accelerator's code path forced on this CPU:
     `make_env` traces one environment's reset and step, and a program of a first state and a
     rollout with the default pool, lowered after it, traces the physics neither time again.
     On a CPU, `make_env` traces nothing."""
@@ -219,7 +219,7 @@ def test_no_brax_state_keeps_a_key_as_brax_env_declares():
     (`common.rollout.keeps_keys`): the reset of every Brax environment, traced abstractly from
     a typed key, holds no typed key (the swimmer on its generalized pipeline, every other on
     spring: the state's structure is Brax's, the same on every pipeline)."""
-    from common.envs import BRAX_ENVS, BRAX_ONLY_ON
+    from common.braxenv import BRAX_ENVS, BRAX_ONLY_ON
 
     for name in BRAX_ENVS:
         env, params, _ = make_env(f"brax/{name}", BRAX_ONLY_ON.get(name, (BACKEND,))[0])

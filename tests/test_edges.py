@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from algos.ppo import Config, main
-from common.host import checkpoint, cli, flags
+from common.host import checkpoint, cli, flags, output, preflight, session
 from common.host.logger import Progress
 from helpers import interrupted_while_importing, record_progress, save_initial
 
@@ -367,7 +367,8 @@ def test_running_out_of_memory_is_one_line(capsys):
     from jax.errors import JaxRuntimeError
 
     with pytest.raises(SystemExit) as exit_info:
-        with cli.out_of_memory_is_one_line(type("C", (), {"num_envs": 1, "num_steps": 1})()):
+        config = type("C", (), {"num_envs": 1, "num_steps": 1})()
+        with preflight.out_of_memory_is_one_line(config):
             raise JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
                                   "86431842304 bytes.\nmore lines")
     assert exit_info.value.code == 1
@@ -375,7 +376,7 @@ def test_running_out_of_memory_is_one_line(capsys):
     assert line.startswith("error: does not fit in memory (RESOURCE_EXHAUSTED: Out of memory")
     assert line.endswith("reduce --num-seeds, --num-envs, --num-steps.")
     with pytest.raises(JaxRuntimeError):  # any other runtime error is not disguised
-        with cli.out_of_memory_is_one_line(None):
+        with preflight.out_of_memory_is_one_line(None):
             raise JaxRuntimeError("INTERNAL: something else")
 
 
@@ -416,13 +417,13 @@ def test_global_step_is_a_64_bit_count_on_the_host(tmp_path):
     metrics = main(TINY + ["--log-dir", str(tmp_path)])
     assert metrics["global_step"].dtype == np.int64
     np.testing.assert_array_equal(metrics["global_step"][0], 128 * np.arange(1, 17))
-    session = cli.Session("ppo", type("C", (), {"batch_size": 2**20, "num_updates": 2**14})(),
+    one = session.Session("ppo", type("C", (), {"batch_size": 2**20, "num_updates": 2**14})(),
                           type("R", (), {"num_seeds": 1, "eval_every": 0})(), None, None, None,
                           None, None)
     rows = {"global_step": np.zeros((1, 2), np.int32), "episodic_return": np.zeros((1, 2))}
-    session.files = type("W", (), {"put": lambda *a, **k: None})()
+    one.files = type("W", (), {"put": lambda *a, **k: None})()
     progress = type("P", (), {"report": lambda *a, **k: None, "timeline": []})()
-    cli.log_chunk(session, rows, np.ones(1, bool), 2**14 - 2, 2**14, None, progress, [])
+    output.log_chunk(one, rows, np.ones(1, bool), 2**14 - 2, 2**14, None, progress, [])
     assert rows["global_step"].tolist() == [[(2**14 - 1) * 2**20, 2**34]]  # past 2**31
 
 
@@ -453,10 +454,10 @@ def test_the_summary_and_progress_say_n_a_where_there_is_no_figure():
     `n/a`, not `nan`; runs without one are counted apart from those with one; and the first
     progress line, with no interval behind it yet, shows no SPS figure."""
     nan = float("nan")
-    assert cli.final_return_text(np.array([nan, nan])) == "n/a: no episode ended"
-    assert cli.final_return_text(np.array([10.0, nan, 30.0])) == \
+    assert output.final_return_text(np.array([nan, nan])) == "n/a: no episode ended"
+    assert output.final_return_text(np.array([10.0, nan, 30.0])) == \
         "mean 20.00, min 10.00 (1 of 3 runs: no episode ended)"
-    assert cli.final_return_text(np.array([10.0, 30.0])) == "mean 20.00, min 10.00"
+    assert output.final_return_text(np.array([10.0, 30.0])) == "mean 20.00, min 10.00"
     stream = io.StringIO()
     progress = Progress("ppo CartPole-v1", 1000, min_interval=0.0, stream=stream)
     progress.report(0, [nan])
@@ -475,8 +476,8 @@ def test_the_progress_line_keeps_each_run_s_last_return_through_chunks_without_a
     nan = np.nan
     rows = [{"episodic_return": np.array([[1.0, nan], [nan, nan], [nan, 7.0]])},
             {"episodic_return": np.array([[nan, 3.0], [nan, nan], [nan, nan]])}]
-    recent = cli.recent_returns(rows)  # a resumed run's first chunk: scan back
+    recent = output.recent_returns(rows)  # a resumed run's first chunk: scan back
     np.testing.assert_array_equal(recent, [3.0, nan, 7.0])
-    later = cli.recent_returns([{"episodic_return": np.array([[nan, nan], [5.0, nan],
+    later = output.recent_returns([{"episodic_return": np.array([[nan, nan], [5.0, nan],
                                                               [2.0, 4.0]])}], recent)
     np.testing.assert_array_equal(later, [3.0, 5.0, 3.0])

@@ -1,5 +1,6 @@
-"""`common.envs`: environment ids and their errors, actions clipped for the environment, the
-lazy import of gymnax's environments, and the velocity-hidden (masked) tasks."""
+"""`common.envs` and its gymnax adapters: environment ids and their errors, actions clipped
+for the environment, the lazy import of gymnax's environments (`common/gymnaxenv.py`), and
+the velocity-hidden tasks (`common/maskedenv.py`)."""
 
 import os
 import subprocess
@@ -10,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from common.envs import check_env_id, make_env, to_env_action
+from common.envapi import to_env_action
+from common.envs import check_env_id, make_env
 from common.rollout import reset, rollout
 
 
@@ -38,7 +40,8 @@ LAZY_MAKE = """
 import sys
 import jax
 import numpy as np
-from common.envs import MASKED, known_env_ids, make_env
+from common.envs import known_env_ids, make_env
+from common.maskedenv import MASKED
 made = {}
 first = ["CartPole-v1", "Pendulum-v1", "Breakout-MinAtar"]
 others = [i for i in known_env_ids() if i not in first and i != "MNISTBandit-bsuite"  # download

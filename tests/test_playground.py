@@ -34,7 +34,7 @@ LIMIT, STEPS, ENVS = 7, 30, 4
 
 
 def test_on_an_accelerator_make_env_traces_the_step_the_rollout_then_reuses(monkeypatch):
-    """`common.rollout.trace_ahead` with the accelerator's code path forced on this CPU: an
+    """`common.envapi.trace_ahead` with the accelerator's code path forced on this CPU: an
     MJX reset and step traced once, in `make_env`, and reused by a program built after it."""
     during, calls = traces_around_make_env(monkeypatch, PlaygroundEnv, "tpu", TASK)
     assert during == calls == ["reset", "step_env"]

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from common import presets
-from common.host import cli
+from common.host import flags
 from helpers import save_initial
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,7 +39,7 @@ def test_every_environment_of_the_results_table_has_a_preset_for_each_algorithm(
 
 
 def parse(algo, argv):
-    return cli.parse(algo, importlib.import_module(f"algos.{algo}").Config, argv)
+    return flags.parse(algo, importlib.import_module(f"algos.{algo}").Config, argv)
 
 
 def test_the_command_line_applies_the_preset_and_says_which(capsys):

@@ -53,9 +53,9 @@ def python_api_metrics(args):
     import jax
 
     from algos.ppo import Config, make_train
-    from common.host import cli as parse, logger
+    from common.host import flags, logger
 
-    config, run = parse.parse("ppo", Config, args)
+    config, run = flags.parse("ppo", Config, args)
     train = make_train(config)
     keys = logger.seed_keys(run.seed, run.num_seeds)
     return jax.jit(jax.vmap(train))(keys, jax.vmap(lambda _: config.hparams())(keys))[1]

@@ -4,8 +4,8 @@ update: one line, then exit at once (`STARTING`), except inside an IPython sessi
 
 Light on purpose (the standard library only): an algorithm file run as a script calls
 `STARTING.watch()` before its own imports, so that a signal while JAX, Flax or Brax load is
-answered the same way as one while compiling. `common/host/cli.py` stops the watch when
-training begins and its own handlers take over.
+answered the same way as one while compiling. When training begins, `Interrupt`
+(`common/host/stopping.py`) stops the watch and its own handlers take over.
 """
 
 import os

@@ -27,7 +27,7 @@ _INSTALL = {"matplotlib": "pip install -e '.[bench]'", "gymnasium": "pip install
 def check_renderer(env_id: str, path: str = "episode.gif"):
     """Raise `ValueError` (one line) unless a video of `env_id` can be drawn here into `path`
     (a GIF; for a Brax environment an `.html` page)."""
-    from common.envs import MASKED
+    from common.maskedenv import MASKED
 
     if env_id.startswith(("brax/", "playground/")):
         if not path.lower().endswith(".html"):

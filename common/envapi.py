@@ -1,0 +1,186 @@
+"""The environment interface: gymnax's, which every backend's adapter gives its environments.
+
+An environment has `reset(key, params) -> (obs, state)`, `step(key, state, action, params) ->
+(obs, state, reward, terminated, truncated, info)` (an automatic reset, and the observation
+reached in `info["final_observation"]`), and `observation_space(params)` / `action_space(params)`
+as gymnax `spaces`; a physics backend's also `step_env` and `is_truncated` (a step without the
+reset, `TimeLimitAutoReset`) and the rollout's defaults `fresh_starts` and `keeps_keys`.
+
+The layers: this module imports nothing of the project; one adapter per backend above it
+(`gymnaxenv.py`, `braxenv.py`, `playgroundenv.py`); the factory `envs.py` on top. The rollout
+and evaluation use this module only. `per_env` and `trace_ahead` live here, not in
+`rollout.py`: `make_env` traces an environment ahead into the cache of jitted functions that
+the rollout then reads, so both need that cache, and neither needs the other.
+"""
+
+import functools
+import importlib.machinery
+import importlib.util
+import sys
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class EnvSpec(NamedTuple):
+    """What a network and a loss need to know about an environment."""
+
+    obs_shape: tuple
+    """Shape of one observation (after casting to float32)."""
+    discrete: bool
+    """True for a `Discrete` action space, False for a `Box`."""
+    action_dim: int
+    """Number of actions (discrete) or size of the action vector (continuous)."""
+    action_low: tuple | None
+    """Lower bounds of a continuous action space (one per dimension), else None."""
+    action_high: tuple | None
+    """Upper bounds of a continuous action space, else None."""
+
+    @property
+    def image_obs(self) -> bool:
+        """Observations are H x W x C images (MinAtar): use a convolutional torso."""
+        return len(self.obs_shape) == 3
+
+
+class UnknownEnvId(LookupError):
+    """Raised by a backend's `check` for an id it does not have: the factory names the closest
+    ids of every backend."""
+
+
+def env_spec(env_id: str, env, env_params) -> EnvSpec:
+    """The `EnvSpec` of `env`, read from its gymnax spaces; `ValueError` for an action space
+    other than `Discrete` and a one-dimensional `Box`."""
+    spaces = gymnax_spaces()
+    obs_space = env.observation_space(env_params)
+    action_space = env.action_space(env_params)
+    if isinstance(action_space, spaces.Discrete):
+        return EnvSpec(tuple(obs_space.shape), True, int(action_space.n), None, None)
+    if isinstance(action_space, spaces.Box) and len(action_space.shape) <= 1:
+        dim = int(action_space.shape[0]) if action_space.shape else 1
+        low = tuple(float(x) for x in jnp.broadcast_to(action_space.low, (dim,)))
+        high = tuple(float(x) for x in jnp.broadcast_to(action_space.high, (dim,)))
+        return EnvSpec(tuple(obs_space.shape), False, dim, low, high)
+    raise ValueError(f"environment {env_id!r} has action space {action_space!r}; only "
+                     "Discrete and one-dimensional Box action spaces are supported.")
+
+
+def to_env_action(action, spec: EnvSpec, action_shape: tuple):
+    """Map a policy's action to what the environment accepts.
+
+    Continuous actions are clipped to the space's bounds (the policy's log-probability is of the
+    unclipped sample, as in CleanRL and Stable-Baselines3) and reshaped to the space's shape.
+    """
+    if spec.discrete:
+        return action
+    clipped = jnp.clip(action, jnp.asarray(spec.action_low), jnp.asarray(spec.action_high))
+    return clipped.reshape(clipped.shape[:-1] + action_shape)
+
+
+class TimeLimitAutoReset:
+    """gymnax's `is_truncated` and auto-resetting `step` for a wrapper (Brax, Playground) that
+    defines `reset(key, params)`, `step_env(key, state, action, params)` (one step, no reset)
+    and a state with a step counter `time`, truncated at `params.max_steps_in_episode`."""
+
+    def is_truncated(self, state, params=None):
+        params = self.default_params if params is None else params
+        return state.time >= params.max_steps_in_episode
+
+    def step(self, key, state, action, params=None):
+        """One step; where the episode ended (terminated, or truncated by the time limit), a
+        fresh start drawn with `key`, and the observation reached in
+        `info["final_observation"]`."""
+        params = self.default_params if params is None else params
+        reached_obs, state, reward, terminated, _ = self.step_env(key, state, action, params)
+        truncated = jnp.logical_and(self.is_truncated(state, params), ~terminated)
+        done = jnp.logical_or(terminated, truncated)
+        reset_obs, reset_state = self.reset(key, params)
+        state = jax.tree.map(lambda fresh, kept: jnp.where(done, fresh, kept), reset_state, state)
+        obs = jnp.where(done, reset_obs, reached_obs)
+        return obs, state, reward, terminated, truncated, {"final_observation": reached_obs}
+
+
+def gymnax_spaces():
+    """gymnax's `spaces` module (imported without gymnax's package init)."""
+    return import_without_package_inits("gymnax.environments.spaces")
+
+
+def import_without_package_inits(name: str):
+    """`importlib.import_module(name)` without running the `__init__` of the packages above
+    it. gymnax's import every environment, and with them matplotlib, seaborn and scipy.stats
+    (about 2 s); one environment's module needs none of it. The packages stand in as bare
+    modules while `name` loads and are removed afterwards, so a later `import gymnax` runs
+    them as usual (and finds the modules loaded here)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    added, path = [], None
+    try:
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            package = ".".join(parts[:i])
+            if package not in sys.modules:
+                spec = importlib.machinery.PathFinder.find_spec(package, path)
+                sys.modules[package] = importlib.util.module_from_spec(spec)
+                added.append(package)
+            path = sys.modules[package].__path__
+        return importlib.import_module(name)
+    finally:
+        for package in added:
+            sys.modules.pop(package, None)
+
+
+def per_env(fn, env_params):
+    """`fn(*args, env_params)` over a batch of environments: `jax.vmap(fn, in_axes=(0, ...,
+    None))` with `fn` traced for one environment under `jax.jit`.
+
+    The same computation, faster to build: JAX traces the environment's Python once, for one
+    environment, and batches the traced program (the way it batches any jitted function under
+    vmap), instead of running each of that Python's operations through vmap's tracer. A Brax
+    step is thousands of small operations: on a CPU Ant's traced in 0.65 s instead of 1.3 s,
+    and PPO's whole Brax Ant program lowered in 4.1 s instead of 6.2 s (PureJaxRL's, whose
+    wrappers jit their steps, 4.8 s). The inner jit is inlined into the one XLA program, which
+    may round a few results differently in the last bit (CartPole's step: 3 of 9 outputs).
+    One jitted function serves every call with the same `fn` and (hashable) `env_params`, so
+    that the first state's reset and the pool's, even in two programs of one process, trace
+    the environment once: JAX reuses a jitted function's trace for the same input shapes.
+    """
+    return jax.vmap(_jitted(fn, env_params))
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_jit(fn, env_params):
+    def one_env(*args):
+        return fn(*args, env_params)
+    one_env.__name__ = getattr(fn, "__name__", "env")  # the program's name for it: "reset", ...
+    return jax.jit(one_env)
+
+
+def _jitted(fn, env_params):
+    """`jax.jit(fn(*args, env_params))`, one per `(fn, env_params)` where both hash (a bound
+    method hashes by its object: gymnax's, Brax's, Playground's environments do)."""
+    try:
+        return _cached_jit(fn, env_params)
+    except TypeError:  # parameters that hold arrays: a function of its own
+        return _cached_jit.__wrapped__(fn, env_params)
+
+
+def trace_ahead(env, env_params):
+    """On an accelerator, trace one environment's `env.reset` and `env.step_env` now, outside
+    any program, for an environment with a pool by default (Brax, Playground; no-op
+    elsewhere, and on a CPU).
+
+    `per_env`'s jitted functions keep these traces, and the programs built later (the first
+    state, the rollout's pool and step) reuse them instead of tracing the physics inside a
+    `vmap` over seeds of nested scans, where each of JAX's operations costs more. On a TPU
+    v5e's host Brax Ant's step traced in 0.8 s here against 5.9 s inside PPO's program, which
+    then lowered in 16.1 s with this call against 21.2 and 21.6 s without (4 seeds x 2,048
+    environments). On a CPU it gained nothing (docs/performance.md). The shapes are those the
+    rollout uses there: raw uint32 keys (`straight_keys` changes none off the CPU), float32
+    actions; a program that calls with others traces its own, as without this call.
+    """
+    if jax.default_backend() == "cpu" or getattr(env, "fresh_starts", 1.0) >= 1:
+        return
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    _, state = _jitted(env.reset, env_params).trace(key).out_info
+    action = jax.ShapeDtypeStruct(env.action_space(env_params).shape, jnp.float32)
+    _jitted(env.step_env, env_params).trace(key, state, action)
