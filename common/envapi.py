@@ -110,7 +110,8 @@ def import_without_package_inits(name: str):
     it. gymnax's import every environment, and with them matplotlib, seaborn and scipy.stats
     (about 2 s); one environment's module needs none of it. The packages stand in as bare
     modules while `name` loads and are removed afterwards, so a later `import gymnax` runs
-    them as usual (and finds the modules loaded here)."""
+    them as usual, finds the modules loaded here, and (`_BindStoodIn`) binds them as the
+    packages' attributes, as if it had loaded them itself."""
     if name in sys.modules:
         return sys.modules[name]
     added, path = [], None
@@ -127,6 +128,36 @@ def import_without_package_inits(name: str):
     finally:
         for package in added:
             sys.modules.pop(package, None)
+        _BindStoodIn.packages.update(added)
+        if added and _BindStoodIn not in sys.meta_path:
+            sys.meta_path.insert(0, _BindStoodIn)
+
+
+class _BindStoodIn:
+    """An import finder for the packages `import_without_package_inits` stood in for, nothing
+    else. Python binds a module as its package's attribute only when it loads the module, so
+    after a real `import gymnax` the modules loaded under the stand-ins would be missing as
+    attributes (`gymnax.environments.spaces`); this binds them once the package has run."""
+
+    packages = set()
+
+    @classmethod
+    def find_spec(cls, name, path, target=None):
+        if name not in cls.packages:
+            return None
+        cls.packages.discard(name)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            for child, loaded in list(sys.modules.items()):
+                parent, _, attr = child.rpartition(".")
+                if parent == name and not hasattr(module, attr):
+                    setattr(module, attr, loaded)
+
+        spec.loader.exec_module = exec_module  # this spec's own loader
+        return spec
 
 
 def per_env(fn, env_params):

@@ -55,6 +55,9 @@ for env_id in first + others:
         assert not heavy, heavy
 assert "gymnax" not in sys.modules
 import gymnax
+unbound = [n for n, m in list(sys.modules.items()) if n.startswith("gymnax.") and  # as Python's
+           getattr(sys.modules[n.rpartition(".")[0]], n.rpartition(".")[2], None) is not m]
+assert not unbound, unbound  # own import binds each module to its package: spaces, cartpole, ...
 for env_id, (cls, params) in made.items():
     env, default = gymnax.make(env_id)
     assert type(env) is cls, (env_id, type(env), cls)
@@ -69,7 +72,8 @@ print("made", len(made))
 def test_make_env_imports_only_the_environment_s_own_module_and_makes_what_gymnax_makes():
     """In a fresh process: CartPole, Pendulum and Breakout import no gymnax package init and no
     plotting library; every other built-in id (but MNIST, a download) is made too; then
-    `import gymnax` works and makes the same classes and default parameters."""
+    `import gymnax` works, finds each module loaded before as its package's attribute
+    (`gymnax.environments.spaces`), and makes the same classes and default parameters."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     result = subprocess.run([sys.executable, "-c", LAZY_MAKE], cwd=root, capture_output=True,
                             text=True, timeout=300)
