@@ -557,7 +557,7 @@ def make_train(config: Config, live_progress: bool = False):
             "global_step": steps_done(update, batch_size, num_updates),
             "episodic_return": ret_sum / count,
             "episodic_length": len_sum / count,
-            "repeated_starts": repeated_sum / count,
+            "repeated_starts": repeated_sum / count,  # NaN with no restart, as the return
             "learning_rate": learning_rate(hp, update),
             **losses._asdict(),
             "explained_variance": distributed.explained_variance(data.ret, data.value),

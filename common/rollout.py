@@ -23,13 +23,14 @@ one episode, so every episode still starts afresh (Brax's `AutoResetWrapper` res
 environment from its first state). `reset` leaves the environments unstarted and the first
 segment starts them from its starts (on a TPU under a conditional that only a rollout's
 first segment enters), so the program holds one batched reset, inside the loop over
-segments. An environment that ends two episodes in one segment (the second shorter than L
-steps), or ends its first episode within the first segment, restarts from a start it has
-taken already, marked in `Trajectory.repeated_start` (the `repeated_starts` metric);
-episodes of L steps or more never repeat a start. Each restart is a select between the
-environment's own start and its state, never a gather across environments, and each
-segment's starts are made where they are used, never cut out of a larger pool: on a TPU v5e
-both cost Brax Ant more than its reset (docs/performance.md).
+segments. A restart repeats a start (`Trajectory.repeated_start`, the `repeated_starts`
+metric) exactly where the episode that ended began from the same segment's start: one that
+began inside the segment (shorter than L steps) or, from unstarted environments, a first
+episode that ends in the first segment (L steps or fewer). So an episode of more than L
+steps is never followed by a repeated start, nor one of L steps but an environment's first.
+Each restart is a select between the environment's own start and its state, never a gather
+across environments, and each segment's starts are made where they are used, never cut out
+of a larger pool: on a TPU v5e both cost Brax Ant more than its reset (docs/performance.md).
 """
 
 import functools
@@ -308,8 +309,9 @@ def finished_episode_stats(trajectory: Trajectory):
 
     Returns `(return_sum, length_sum, repeated_sum, count)` as scalars (`repeated_sum`: the
     episodes followed by a repeated pool start); divide the sums by `count` for the means (NaN
-    when no episode finished). Sums rather than means so that several devices can add theirs
-    before dividing.
+    when no episode finished: `repeated_sum / count` is a fraction of restarts, and with no
+    restart there is none, as there is no mean return). Sums rather than means so that
+    several devices can add theirs before dividing.
     """
     done = jnp.logical_or(trajectory.terminated, trajectory.truncated)
     return (jnp.sum(jnp.where(done, trajectory.episode_return, 0.0)),

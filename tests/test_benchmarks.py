@@ -260,7 +260,7 @@ def test_the_benchmarks_read_a_summary_line_without_a_final_return():
 def test_the_profile_reads_only_the_devices_xla_ops_from_a_trace(tmp_path):
     import gzip
 
-    from benchmarks.profile_vs_purejaxrl import device_ops
+    from benchmarks.vs_purejaxrl import device_ops
 
     meta = lambda pid, name, tid=None: {  # noqa: E731
         "ph": "M", "pid": pid, "name": "thread_name" if tid else "process_name",
@@ -301,9 +301,10 @@ def test_the_brax_comparison_runs_purejaxrl_s_settings_whatever_our_preset():
         PPO_BRAX_ACCELERATOR[k] for k in ("num_steps", "num_minibatches", "update_epochs"))
 
 
-@pytest.mark.parametrize("script", ["vs_purejaxrl", "profile_vs_purejaxrl", "cli_overhead"])
+@pytest.mark.parametrize("script, mode", [("vs_purejaxrl", []), ("vs_purejaxrl", ["--profile"]),
+                                          ("cli_overhead", [])])
 def test_a_results_path_that_cannot_be_written_is_one_line_and_exit_2_before_running(
-        script, tmp_path, monkeypatch, capsys):
+        script, mode, tmp_path, monkeypatch, capsys):
     """`--out` naming a folder, or a file under a file, stops the script at once with a line
     that says why, not with a traceback after the whole run."""
     module = importlib.import_module(f"benchmarks.{script}")
@@ -311,12 +312,36 @@ def test_a_results_path_that_cannot_be_written_is_one_line_and_exit_2_before_run
     (tmp_path / "a-file").write_text("")
     for out, why in [(tmp_path, "is a folder"),
                      (tmp_path / "a-file" / "result.json", "cannot make its folder")]:
-        monkeypatch.setattr(sys, "argv", [script, *reference, "--out", str(out)])
+        monkeypatch.setattr(sys, "argv", [script, *reference, *mode, "--out", str(out)])
         with pytest.raises(SystemExit) as stop:
             module.main()
         assert stop.value.code == 2
         error = capsys.readouterr().err.strip().splitlines()[-1]
         assert error.startswith(f"{script}: error: --out {out}") and why in error, error
+
+
+REFERENCE = ["--reference", "none"]
+
+
+@pytest.mark.parametrize("script, args, message", [
+    ("vs_purejaxrl", [*REFERENCE, "--profile", "--total-timesteps", "5000"],
+     "--total-timesteps applies only without --profile"),
+    ("vs_purejaxrl", [*REFERENCE, "--profile", "--purejaxrl-first"],
+     "--purejaxrl-first applies only without --profile"),
+    ("vs_purejaxrl", [*REFERENCE, "--updates", "3"], "--updates applies only with --profile"),
+    ("vs_purejaxrl", [*REFERENCE, "--lowering-profile"],
+     "--lowering-profile applies only with --profile"),
+    ("learning", ["--suite", "playground", "--seeds", "3"], "--seeds applies only without --suite"),
+    ("learning", ["--tasks", "CartpoleBalance"], "--tasks applies only with --suite")])
+def test_a_flag_of_a_scripts_other_mode_is_refused(script, args, message, monkeypatch, capsys):
+    """`vs_purejaxrl.py` (side by side or `--profile`) and `learning.py` (one cell or
+    `--suite`): a flag that only the other mode reads is refused with one line before anything
+    runs, not silently ignored."""
+    module = importlib.import_module(f"benchmarks.{script}")
+    monkeypatch.setattr(sys, "argv", [script, *args])
+    with pytest.raises(SystemExit) as stop:
+        module.main()
+    assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
 @pytest.mark.subprocess
