@@ -355,14 +355,15 @@ def test_every_other_name_points_at_a_field_that_exists():
 
 
 def test_mnist_bandit_runs_once_its_files_are_there(tmp_path, monkeypatch):
-    from common import envs
+    from common import gymnaxenv
+    from common.envs import check_env_id
 
-    monkeypatch.setattr(envs, "MNIST_DIR", str(tmp_path))
+    monkeypatch.setattr(gymnaxenv, "MNIST_DIR", str(tmp_path))
     with pytest.raises(ValueError, match="missing: train-images-idx3-ubyte.gz"):
-        envs.check_env_id("MNISTBandit-bsuite")
-    for name in envs.MNIST_FILES:
+        check_env_id("MNISTBandit-bsuite")
+    for name in gymnaxenv.MNIST_FILES:
         (tmp_path / name).write_bytes(b"")
-    envs.check_env_id("MNISTBandit-bsuite")  # nothing missing: no refusal
+    check_env_id("MNISTBandit-bsuite")  # nothing missing: no refusal
 
 
 @pytest.mark.parametrize("name", ["ppo", "a2c", "impala"])
