@@ -92,8 +92,9 @@ def random_return(env_id: str, num_envs: int = 64, num_steps: int = 4000) -> flo
 
     @jax.jit
     def run(key):
-        state = reset(env, env_params, key, num_envs)
-        _, traj = rollout(env, env_params, spec, policy, state, key, num_steps)
+        key_reset, key_rollout = jax.random.split(key)
+        state = reset(env, env_params, key_reset, num_envs)
+        _, traj = rollout(env, env_params, spec, policy, state, key_rollout, num_steps)
         ret_sum, _, _, count = finished_episode_stats(traj)
         return ret_sum / count
 

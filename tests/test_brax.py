@@ -50,8 +50,9 @@ def pendulum_rollout(fresh_starts):
         return push, (), hidden
 
     def run(key):
-        state = reset(env, params, key, ENVS)
-        return rollout(env, params, spec, policy, state, key, STEPS, fresh_starts)
+        key_reset, key_rollout = jax.random.split(key)
+        state = reset(env, params, key_reset, ENVS)
+        return rollout(env, params, spec, policy, state, key_rollout, STEPS, fresh_starts)
 
     return jax.tree.map(np.asarray, jax.jit(run)(jax.random.PRNGKey(0))[1])
 
