@@ -61,7 +61,7 @@ def bare(algo: str, args: list[str], chunk_loop: bool = False) -> dict:
     from common.host.prng import unroll_threefry_on_cpu
 
     module = importlib.import_module(f"algos.{algo}")
-    config, run = flags.parse(algo, module.Config, args)
+    config, run, _ = flags.parse(algo, module.Config, args)
     setup_devices(run)
     unroll_threefry_on_cpu()  # as the command line does
     train = module.make_train(config)

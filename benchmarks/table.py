@@ -175,8 +175,8 @@ def retuned_flags(record: dict, words: list) -> list:
         return []  # another script's command (a sweep's)
     algo = os.path.basename(words[0])[:-len(".py")]
     with contextlib.redirect_stdout(io.StringIO()):  # the preset's line
-        config, _ = flags.parse(algo, importlib.import_module(f"algos.{algo}").Config,
-                                words[1:])
+        config = flags.parse(algo, importlib.import_module(f"algos.{algo}").Config,
+                             words[1:]).config
     ran, out = ran_config(record), []
     for name, value in as_json(config).items():
         if name in ran and ran[name] != value:

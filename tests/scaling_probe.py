@@ -326,8 +326,8 @@ def check_chunks_per_device():
     from common.host import flags
     from common.host.devices import Layout
 
-    config, run = flags.parse("a2c", Config, ["--total-timesteps", "4000", "--num-seeds", "4",
-                                              "--num-devices", "4"])
+    config, run, _ = flags.parse("a2c", Config, ["--total-timesteps", "4000", "--num-seeds",
+                                                 "4", "--num-devices", "4"])
     train = make_train(config)
     keys = np.stack([raw_key(i) for i in range(4)])
     hps = jax.vmap(lambda _: config.hparams())(keys)

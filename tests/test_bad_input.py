@@ -321,9 +321,9 @@ def test_integer_flags_take_whole_numbers_written_as_researchers_write_them(algo
     from common.host.options import whole_number
 
     config_cls = importlib.import_module(f"algos.{algo}").Config
-    config, run = flags.parse(algo, config_cls, ["--total-timesteps", "2.5e6", "--num-envs",
-                                                 "8.0", "--seed", "1_000", "--num-seeds", "2E0",
-                                                 "--no-presets"])
+    config, run, _ = flags.parse(algo, config_cls, ["--total-timesteps", "2.5e6", "--num-envs",
+                                                    "8.0", "--seed", "1_000", "--num-seeds",
+                                                    "2E0", "--no-presets"])
     assert (config.total_timesteps, config.num_envs, run.seed, run.num_seeds) == \
         (2_500_000, 8, 1000, 2)
     assert all(type(v) is int for v in (config.total_timesteps, config.num_envs, run.seed))

@@ -224,8 +224,8 @@ def test_every_command_line_result_has_a_command_that_builds_its_config():
 
     def built(words, ran):
         algo = os.path.basename(words[0])[:-len(".py")]
-        config, run = flags.parse(algo, importlib.import_module(f"algos.{algo}").Config,
-                                  words[1:])
+        config, run, _ = flags.parse(algo, importlib.import_module(f"algos.{algo}").Config,
+                                     words[1:])
         return {k: v for k, v in table.as_json(config).items() if k in ran}, run
 
     checked = retuned = 0

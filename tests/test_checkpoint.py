@@ -41,7 +41,7 @@ def latest(log_dir) -> str:
 
 def restored(record):
     """The TrainState of a checkpoint record of ARGS' config."""
-    config, run = flags.parse("ppo", Config, ARGS)
+    config, run, _ = flags.parse("ppo", Config, ARGS)
     train = make_train(config)
     keys = logger.seed_keys(run.seed, run.num_seeds)
     hparams = jax.vmap(lambda _: config.hparams())(keys)
@@ -106,7 +106,7 @@ def test_cli_run_equals_all_updates_in_one_call_and_logs_evaluations(reference):
     # The same as `train.init` then all the updates in one call. (Not bitwise the same as
     # `jit(vmap(train))(keys)`: with `init` inside the same program XLA compiles the vmapped
     # computation differently, and the runs drift apart by rounding.)
-    config, run = flags.parse("ppo", Config, ARGS)
+    config, run, _ = flags.parse("ppo", Config, ARGS)
     train = make_train(config)
     keys = logger.seed_keys(run.seed, run.num_seeds)
     hparams = jax.vmap(lambda _: config.hparams())(keys)
@@ -199,8 +199,8 @@ def test_non_finite_loss_stops_training_with_a_clear_message(tmp_path, capsys):
 
 
 def test_non_finite_parameter_keeps_the_last_good_checkpoint(tmp_path, capsys):
-    config, run = flags.parse("ppo", Config,
-                              ARGS + ["--log-dir", str(tmp_path), "--eval-every", "0"])
+    config, run, _ = flags.parse("ppo", Config,
+                                 ARGS + ["--log-dir", str(tmp_path), "--eval-every", "0"])
     train = make_train(config)
     run_updates = train.run_updates
 

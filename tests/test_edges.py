@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from algos.ppo import Config, main
+from algos.ppo import Config, main, make_train
 from common.host import checkpoint, cli, flags, output, preflight, session
 from common.host.logger import Progress
 from helpers import interrupted_while_importing, record_progress, save_initial
@@ -145,7 +145,8 @@ def test_two_checkpoints_are_kept_and_the_previous_one_resumes_into_the_latest(t
 
 def test_a_resumed_run_reads_its_checkpoint_once(tmp_path, monkeypatch, capsys):
     """`--resume`: the file is read and verified once, by the flags, which hand its record on
-    to the training (here a finished run: nothing to do); the devices are set up once."""
+    to the training (here a finished run: nothing to do); the devices are set up once. So
+    too from Python, `flags.parse` then `cli.train_and_log`."""
     main(TINY + ["--log-dir", str(tmp_path)])
     (path,) = glob.glob(str(tmp_path / "*" / checkpoint.LATEST))
     load, reads = checkpoint.load, []
@@ -156,6 +157,11 @@ def test_a_resumed_run_reads_its_checkpoint_once(tmp_path, monkeypatch, capsys):
     main(["--resume", path])
     assert f"nothing to do: {path} is at update 16 of 16" in capsys.readouterr().out
     assert reads == [path] and len(setups) == 1
+    reads.clear()
+    config, run, resumed = flags.parse("ppo", Config, ["--resume", path])
+    cli.train_and_log("ppo", config, run, make_train(config), resumed)
+    assert f"nothing to do: {path} is at update 16 of 16" in capsys.readouterr().out
+    assert reads == [path]
 
 
 def test_a_resumed_run_logs_where_its_checkpoint_is_from_any_directory(tmp_path, monkeypatch):
@@ -164,9 +170,9 @@ def test_a_resumed_run_logs_where_its_checkpoint_is_from_any_directory(tmp_path,
     path = save_initial(tmp_path / "start" / "runs" / "ppo_run_0" / checkpoint.LATEST, "ppo")
     assert checkpoint.load(path)["run"]["log_dir"] == "runs"
     monkeypatch.chdir(tmp_path)
-    _, run = flags.parse("ppo", Config, ["--resume", path])
+    run = flags.parse("ppo", Config, ["--resume", path]).run
     assert run.log_dir == str(tmp_path / "start" / "runs")
-    _, run = flags.parse("ppo", Config, ["--resume", path, "--log-dir", "elsewhere"])
+    run = flags.parse("ppo", Config, ["--resume", path, "--log-dir", "elsewhere"]).run
     assert run.log_dir == "elsewhere"  # a flag given still wins
 
 

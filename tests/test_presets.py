@@ -43,24 +43,24 @@ def parse(algo, argv):
 
 
 def test_the_command_line_applies_the_preset_and_says_which(capsys):
-    config, run = parse("ppo", ["--env-id", "Pendulum-v1"])
+    config, run, _ = parse("ppo", ["--env-id", "Pendulum-v1"])
     assert (config.num_envs, config.num_steps, config.update_epochs) == (8, 256, 10)
     assert config.normalize_obs and config.ent_coef == 0.0 and run.presets
     out = capsys.readouterr().out
     assert out.startswith("preset for ppo on Pendulum-v1 (common/presets.py): "
                           "total_timesteps=2000000, num_envs=8, num_steps=256,"), out
-    config, _ = parse("impala", ["--env-id=Breakout-MinAtar"])
+    config = parse("impala", ["--env-id=Breakout-MinAtar"]).config
     assert (config.optimizer, config.num_envs, config.total_timesteps) == ("adam", 64,
                                                                            10_000_000)
 
 
 def test_a_flag_given_wins_over_the_preset_and_no_presets_turns_them_off(capsys):
-    config, _ = parse("a2c", ["--env-id", "Pendulum-v1", "--num-envs", "4", "--gamma", "0.95"])
+    config = parse("a2c", ["--env-id", "Pendulum-v1", "--num-envs", "4", "--gamma", "0.95"]).config
     assert (config.num_envs, config.gamma, config.num_steps, config.gae_lambda) == \
         (4, 0.95, 8, 0.9)
     out = capsys.readouterr().out
     assert "num_envs" not in out and "gamma" not in out and "num_steps=8" in out, out
-    config, run = parse("a2c", ["--env-id", "Pendulum-v1", "--no-presets"])
+    config, run, _ = parse("a2c", ["--env-id", "Pendulum-v1", "--no-presets"])
     defaults = importlib.import_module("algos.a2c").Config(env_id="Pendulum-v1")
     assert config == defaults and not run.presets
     assert capsys.readouterr().out == ""
@@ -70,7 +70,7 @@ def test_a_flag_given_wins_over_the_preset_and_no_presets_turns_them_off(capsys)
 
 def test_a_resumed_run_keeps_its_saved_config_not_the_preset(tmp_path, capsys):
     path = save_initial(tmp_path / "pendulum.msgpack", "ppo", env_id="Pendulum-v1")
-    config, _ = parse("ppo", ["--resume", path])
+    config = parse("ppo", ["--resume", path]).config
     assert config.env_id == "Pendulum-v1" and config.num_envs == 4  # the saved run's
     assert "preset" not in capsys.readouterr().out
 

@@ -55,7 +55,7 @@ def python_api_metrics(args):
     from algos.ppo import Config, make_train
     from common.host import flags, logger
 
-    config, run = flags.parse("ppo", Config, args)
+    config, run, _ = flags.parse("ppo", Config, args)
     train = make_train(config)
     keys = logger.seed_keys(run.seed, run.num_seeds)
     return jax.jit(jax.vmap(train))(keys, jax.vmap(lambda _: config.hparams())(keys))[1]

@@ -50,7 +50,7 @@ from jax.sharding import PartitionSpec as P
 from common.evaluate import evaluate
 from common.host import checkpoint, contract, logger, stopping
 from common.host.devices import Layout, fail, fetch, from_process_0, peers_alive, setup_devices
-from common.host.flags import parse_command
+from common.host.flags import parse
 from common.host.options import RunOptions
 from common.host.output import log_chunk, open_boards, summarise
 from common.host.preflight import (agree_across_processes, check_fits_in_memory, claim_run_dirs,
@@ -66,7 +66,7 @@ def main(algo: str, config_cls, make_train, argv=None):
     if stopping.EXIT_AT_ONCE:
         STARTING.watch()  # Ctrl-C before training: leave at once, even mid-compile
     try:
-        config, run, resumed = parse_command(algo, config_cls, argv)
+        config, run, resumed = parse(algo, config_cls, argv)
         setup_devices(run)  # the one call: before anything starts JAX (make_train does)
         from common.host.prng import unroll_threefry_on_cpu
 
@@ -102,7 +102,7 @@ def train_and_log(algo: str, config, run: RunOptions, train, resumed=None,
 
     JAX already runs (building `train` started it), on the devices `setup_devices(run)`
     chose where it ran first (`main` does, before `make_train`). `resumed`: with
-    `run.resume`, `(path, record)` of the checkpoint as `parse_command` read it (None: it is
+    `run.resume`, `(path, record)` of the checkpoint as `flags.parse` read it (None: it is
     read here). `started`: the `time.perf_counter()` at which building `train` began, where
     the compile time printed at the end counts from (None: this call's start).
     """

@@ -1,7 +1,7 @@
 """The command line's flags: the run options and an algorithm's `Config` as one flat list,
 parsed with tyro, with bad input as one line.
 
-`parse_command(algo, Config, argv)` is the first step of `common/host/cli.py`'s `main`. The
+`parse(algo, Config, argv)` is the first step of `common/host/cli.py`'s `main`. The
 flags keep CleanRL's names; the named environment's preset (`common/presets.py`) or the
 checkpoint given to `--resume` supplies the defaults (and is handed on, read once); tyro's
 messages for a malformed command line are put in the command line's own words
@@ -28,7 +28,7 @@ from common.host.options import RunOptions, whole_number
 
 
 class Command(NamedTuple):
-    """The command line, read (`parse_command`)."""
+    """The command line, read (`parse`)."""
 
     config: Any
     """The algorithm's `Config`."""
@@ -37,17 +37,12 @@ class Command(NamedTuple):
     """With `--resume`: `(path, record)`, the checkpoint file `checkpoint.resolve(run.resume)`
     and its record as `checkpoint.load` read it. Read once: its config and run options gave
     the defaults, and `cli.train_and_log` continues its training state (taking the
-    `train_state` out of the record as it restores it)."""
+    `train_state` out of the record as it restores it). A Python caller that trains hands it
+    on too: `config, run, resumed = parse(...)`, then `train_and_log(algo, config, run,
+    make_train(config), resumed)`."""
 
 
-def parse(algo: str, config_cls, argv=None):
-    """`(config, run)` from the command line (`parse_command`, without the checkpoint's
-    record: `train_and_log` reads it again)."""
-    config, run, _ = parse_command(algo, config_cls, argv)
-    return config, run
-
-
-def parse_command(algo: str, config_cls, argv=None) -> Command:
+def parse(algo: str, config_cls, argv=None) -> Command:
     """The command line, read with tyro; a bad value exits 2 with one line.
 
     The flags of `RunOptions` and of `config_cls` form one flat list (no prefixes). tyro parses
