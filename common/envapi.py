@@ -7,10 +7,10 @@ as gymnax `spaces`; a physics backend's also `step_env` and `is_truncated` (a st
 reset, `TimeLimitAutoReset`) and the rollout's defaults `fresh_starts` and `keeps_keys`.
 
 The layers: this module imports nothing of the project; one adapter per backend above it
-(`gymnaxenv.py`, `braxenv.py`, `playgroundenv.py`); the factory `envs.py` on top. The rollout
-and evaluation use this module only. `per_env` and `trace_ahead` live here, not in
-`rollout.py`: `make_env` traces an environment ahead into the cache of jitted functions that
-the rollout then reads, so both need that cache, and neither needs the other.
+(`gymnaxenv.py`, `maskedenv.py`, `braxenv.py`, `playgroundenv.py`); the factory `envs.py` on
+top. The rollout and evaluation use this module only. `per_env` and `trace_ahead` live here,
+not in `rollout.py`: `make_env` traces an environment ahead into the cache of jitted functions
+that the rollout then reads, so both need that cache, and neither needs the other.
 """
 
 import functools
