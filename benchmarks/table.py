@@ -1,15 +1,33 @@
-"""The README's learning table, printed from the committed raw results.
+"""The README's learning table, printed from the committed raw results; and their recheck.
 
     python benchmarks/table.py                 # every result in benchmarks/results{,/gpu}
     python benchmarks/table.py --speed         # the speed tables, from speed*__*.json
+    python benchmarks/table.py --recheck --rows 'MaskedCartPole-v1__gru$' [--dry-run]
 
 One row per results file written by `benchmarks/learning.py`: the final return (mean over the
 last 10% of updates) as mean +- std over seeds and the worst seed, recomputed from the saved
 per-update returns (a file whose curves are thinned to blocks of updates, `updates_per_point`,
 gives each seed's final return as its run computed it from every update), beside the return
 of a uniformly random policy on that environment
-(computed here: 64 environments for 4000 steps); then, per environment, published figures
-from other projects with their sources (`REFERENCES`).
+(computed here: 64 environments for 4000 steps), the commit the file records it was measured
+on, and the command that reruns it; then, per environment, published figures from other
+projects with their sources (`REFERENCES`).
+
+`--recheck` reruns the rows whose name (the results file's, without `.json`: `ppo__CartPole-v1`,
+`gpu/ppo__Breakout-MinAtar`) matches `--rows` (a regular expression, searched), one after the
+other, each with its table command writing into `--recheck-dir` (default `benchmarks/out/
+recheck/`, under the same name; a command-line run, `algos/...`, keeps its log directory
+there), never over the committed file. Then it compares each rerun's per-seed final returns
+with the committed file's (`compare`): a row has **moved** when Welch's t-test rejects equal
+means at `--alpha` (default 0.05, two-sided): t = (mean_new - mean_old) / sqrt(s_old^2/n_old +
+s_new^2/n_new) with sample variances, its degrees of freedom Welch-Satterthwaite's. Where
+neither run has any spread (every seed of each ending alike, as CartPole's 500), any change of
+the mean beyond the files' rounding (`SAME`) has moved. At 0.05 about one row in twenty whose
+code did not change is flagged by chance: recheck a flagged row once more before believing it.
+Prints a table (committed mean +- std, new mean +- std, the difference, p, verdict), writes
+every figure with the command, commit and library versions to `--out` (default
+`benchmarks/results/recheck.json`), and exits 1 when a row moved or its command failed.
+`--dry-run` prints the commands, one a line, and runs nothing.
 """
 
 import argparse
@@ -20,7 +38,10 @@ import importlib
 import io
 import json
 import os
+import re
+import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -101,6 +122,19 @@ def random_return(env_id: str, num_envs: int = 64, num_steps: int = 4000) -> flo
     return float(run(jax.random.PRNGKey(0)))
 
 
+def final_returns(record: dict) -> np.ndarray:
+    """Each seed's final return in a results file (as its run computed it from every update,
+    where the saved curves are thinned)."""
+    return (np.asarray(record["final_return"], float) if "updates_per_point" in record
+            else final_return(np.asarray(record["episodic_return"], float)))
+
+
+def row_name(path: str) -> str:
+    """A results file's row name: its file name without `.json`, after `gpu/` for a GPU row."""
+    name = os.path.basename(path)[:-len(".json")]
+    return f"gpu/{name}" if os.sep + "gpu" + os.sep in path else name
+
+
 def describe(path):
     record = json.load(open(path))
     if "episodic_return" not in record:
@@ -113,9 +147,9 @@ def describe(path):
     core = next((c for c in ("gru", "lstm") if network.endswith(c)), None)
     torso = "auto" if network == core else network.split("-")[0]
     cnn = torso == "cnn" or (torso == "auto" and env_id.endswith("MinAtar"))
-    final = (np.asarray(record["final_return"], float) if "updates_per_point" in record
-             else final_return(np.asarray(record["episodic_return"], float)))
-    return dict(algo=algo, env_id=env_id, tag=tag[0] if tag else "",
+    final = final_returns(record)
+    return dict(algo=algo, env_id=env_id, tag=tag[0] if tag else "", name=row_name(path),
+                path=path, commit=record.get("commit", "unknown"), final=final,
                 where="GPU" if os.sep + "gpu" + os.sep in path else "CPU",
                 network=("CNN" if cnn else "MLP") + (f"-{core.upper()}" if core else ""),
                 steps=record["global_step"][-1],
@@ -225,29 +259,154 @@ def speed_tables(files):
         algo, env_id = name[1], name[2]
         network = "MLP" if len(name) > 3 or not env_id.endswith("MinAtar") else "CNN"
         label = f"{'IMPALA' if algo == 'impala' else algo.upper()} | {env_id} | {network}"
+        commit = record.get("commit", "unknown")
         if record.get("sweep") == "num_envs":
-            env_rows[label] = {r["num_envs"]: r["sps"] for r in record["rows"]}
+            env_rows[label] = ({r["num_envs"]: r["sps"] for r in record["rows"]}, commit)
         else:
-            seeds_rows += [(label, r) for r in record["rows"]]
+            seeds_rows += [(label, r, commit) for r in record["rows"]]
     print("| algorithm | environment | network | seeds | steps per seed | compile (s) | "
-          "SPS, all seeds | SPS per seed | peak RSS (MiB) |\n|---|---|---|---|---|---|---|---|---|")
-    for label, r in seeds_rows:
+          "SPS, all seeds | SPS per seed | peak RSS (MiB) | commit |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
+    for label, r, commit in seeds_rows:
         print(f"| {label} | {r['seeds']} | {r['steps'] // r['seeds']:,} | {r['compile_s']:.1f} | "
               f"{r['sps'] / 1e3:,.0f}k | {r['sps'] / r['seeds'] / 1e3:,.1f}k | "
-              f"{r['peak_rss_mib']:,.0f} |")
-    sizes = sorted({n for row in env_rows.values() for n in row})
+              f"{r['peak_rss_mib']:,.0f} | {commit} |")
+    sizes = sorted({n for row, _ in env_rows.values() for n in row})
     if sizes:
         print("\n| algorithm | environment | network | " + " | ".join(
-            f"{n} envs" for n in sizes) + " |\n|---|---|---|" + "---|" * len(sizes))
-        for label, row in env_rows.items():
+            f"{n} envs" for n in sizes) + " | commit |\n|---|---|---|" + "---|" * (len(sizes) + 1))
+        for label, (row, commit) in env_rows.items():
             print(f"| {label} | " + " | ".join(
-                f"{row[n] / 1e3:,.0f}k" if n in row else "" for n in sizes) + " |")
+                f"{row[n] / 1e3:,.0f}k" if n in row else "" for n in sizes) + f" | {commit} |")
+
+
+ALPHA = 0.05
+"""The recheck's significance level: a row has moved when Welch's test gives p below it."""
+SAME = 1e-3
+"""Means closer than this are equal where neither run has any spread (the results files keep
+each seed's final return to 4 decimals)."""
+
+
+def compare(committed, new, alpha: float = ALPHA) -> dict:
+    """Has a row moved? Welch's t-test of equal means on two runs' per-seed final returns
+    (NaNs, seeds that finished no episode, left out): t = (mean_new - mean_old) / se with
+    se = sqrt(s_old^2/n_old + s_new^2/n_new) (sample variances), Welch-Satterthwaite's
+    degrees of freedom, p two-sided. Where se is 0 (no spread in either run), p is 1 for means
+    within `SAME` and 0 otherwise. Returns the figures and `verdict`: "moved" (p < alpha),
+    "within spread", or "too few seeds" (under 2 in a run)."""
+    from scipy import stats
+
+    old, new = (np.asarray(x, float)[np.isfinite(x)] for x in (committed, new))
+    out = {"n_old": len(old), "n_new": len(new)}
+    if len(old) < 2 or len(new) < 2:
+        return {**out, "verdict": "too few seeds"}
+    diff = new.mean() - old.mean()
+    var_old, var_new = old.var(ddof=1) / len(old), new.var(ddof=1) / len(new)
+    se = np.sqrt(var_old + var_new)
+    if se == 0:
+        t, df, p = (0.0 if abs(diff) <= SAME else np.copysign(np.inf, diff)), np.nan, \
+            float(abs(diff) <= SAME)
+    else:
+        t = diff / se
+        df = se**4 / (var_old**2 / (len(old) - 1) + var_new**2 / (len(new) - 1))
+        p = 2 * stats.t.sf(abs(t), df)
+    return {**out, "diff": float(diff), "se": float(se), "t": float(t), "df": float(df),
+            "p": float(p), "verdict": "moved" if p < alpha else "within spread"}
+
+
+def recheck_argv(row: dict, recheck_dir: str) -> tuple:
+    """`(argv, output)`: the row's table command writing into `recheck_dir` instead (a
+    `gpu/` row into its `gpu/`), and what it writes there: the results file of a
+    `learning.py` command, the log directory of a command-line run (`algos/...`)."""
+    folder = os.path.join(recheck_dir, os.path.dirname(row["name"])).rstrip(os.sep)
+    argv = row["command"].split()
+    if argv[1] == "benchmarks/learning.py":
+        return argv + ["--out-dir", folder], os.path.join(folder, os.path.basename(row["path"]))
+    log_dir = os.path.join(folder, os.path.basename(row["name"]))
+    return argv + ["--log-dir", log_dir], log_dir
+
+
+def rerun_finals(output: str) -> np.ndarray:
+    """Each seed's final return of a rerun: from its results file, or from the last
+    checkpoint in a command-line run's log directory."""
+    if output.endswith(".json"):
+        return final_returns(json.load(open(output)))
+    from common.host import checkpoint
+
+    paths = sorted(os.path.join(d, checkpoint.LATEST) for d, _, names in os.walk(output)
+                   if checkpoint.LATEST in names)
+    if not paths:
+        raise FileNotFoundError(f"no {checkpoint.LATEST} under {output}")
+    return final_return(np.asarray(checkpoint.load(paths[-1])["metrics"]["episodic_return"],
+                                   np.float64))
+
+
+def shown(path: str) -> str:
+    """A path as a command shows it: relative to the checkout where it is inside it."""
+    relative = os.path.relpath(path, ROOT)
+    return path if relative.startswith("..") else relative
+
+
+def recheck(rows: list, args) -> int:
+    """`--recheck`: rerun each row, compare, print the table and write the record; 1 when a
+    row moved or its command failed."""
+    from benchmarks.configs import library_versions, out_file, source_commit
+
+    commands = [recheck_argv(r, shown(args.recheck_dir)) for r in rows]
+    if args.dry_run:
+        for row, (argv, _) in zip(rows, commands):
+            print(" ".join(argv), f" # {row['name']}")
+        return 0
+    out_file(args.parser, args.out)
+    results = []
+    for row, (argv, output) in zip(rows, commands):
+        print(f"=== {row['name']}: {' '.join(argv)}", flush=True)
+        start = time.perf_counter()
+        status = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT).returncode
+        entry = {"row": row["name"], "command": " ".join(argv), "seconds":
+                 round(time.perf_counter() - start, 1), "output": output,
+                 "committed": {"commit": row["commit"], "final_return": row["final"].tolist()}}
+        if status == 0:
+            new = rerun_finals(os.path.join(ROOT, output))
+            entry.update(new={"final_return": np.round(new, 4).tolist()},
+                         **compare(row["final"], new, args.alpha))
+        else:
+            entry["verdict"] = f"failed (exit {status})"
+        results.append(entry)
+    print("\n| row | committed (commit), mean ± std | rerun, mean ± std | difference | p | "
+          "verdict |\n|---|---|---|---|---|---|")
+    for row, entry in zip(rows, results):
+        new = np.asarray(entry.get("new", {}).get("final_return", [np.nan]))
+        print(f"| {row['name']} | {row['mean']:.1f} ± {row['std']:.1f} ({row['commit']}) | "
+              f"{np.nanmean(new):.1f} ± {np.nanstd(new):.1f} | {entry.get('diff', np.nan):+.1f} | "
+              f"{entry.get('p', np.nan):.3g} | {entry['verdict']} |")
+    with open(args.out, "w") as f:
+        json.dump({"command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
+                   "commit": source_commit(), "versions": library_versions(),
+                   "rule": f"Welch's t-test on per-seed final returns, moved at p < {args.alpha}",
+                   "alpha": args.alpha, "rows": results}, f, indent=1)
+    print(f"saved {shown(args.out)}")
+    return int(any(e["verdict"] != "within spread" for e in results))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("files", nargs="*")
     parser.add_argument("--speed", action="store_true", help="print the speed tables")
+    parser.add_argument("--recheck", action="store_true",
+                        help="rerun the rows of --rows and flag those that moved")
+    parser.add_argument("--rows", default=".", metavar="REGEX",
+                        help="--recheck: the rows whose name this matches (default: all)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="--recheck: print the commands, run nothing")
+    parser.add_argument("--alpha", type=float, default=ALPHA,
+                        help="--recheck: moved at p below this (default 0.05)")
+    parser.add_argument("--recheck-dir", default=os.path.join(ROOT, "benchmarks", "out",
+                                                              "recheck"),
+                        help="--recheck: where the reruns write (default benchmarks/out/recheck)")
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results",
+                                                      "recheck.json"),
+                        help="--recheck: the record (default benchmarks/results/recheck.json)")
     args = parser.parse_args()
     if args.speed:
         return speed_tables(args.files or sorted(glob.glob(
@@ -255,18 +414,30 @@ def main():
     files = args.files or sorted(glob.glob(os.path.join(ROOT, "benchmarks", "results", "*.json"))
                                  + glob.glob(os.path.join(ROOT, "benchmarks", "results", "gpu",
                                                           "*.json")))
+    if args.recheck:
+        try:
+            pattern = re.compile(args.rows)
+        except re.error as error:
+            parser.error(f"--rows {args.rows!r} is not a regular expression: {error}")
+        files = [f for f in files if pattern.search(row_name(f))]
     rows = [r for r in map(describe, files) if r is not None and r["algo"] in ALGOS]
     rows.sort(key=lambda r: (ALGOS.index(r["algo"]), ENVS.index(r["env_id"]), r["where"],
                              r["tag"]))
+    if args.recheck:
+        if not rows:
+            parser.error(f"--rows {args.rows!r} matches no row of the table")
+        args.parser = parser
+        return recheck(rows, args)
     random = {env_id: random_return(env_id) for env_id in {r["env_id"] for r in rows}}
     print("| algorithm | environment | network, machine, variant | steps | seeds | "
-          "random policy | final return, mean ± std | worst seed | command |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "random policy | final return, mean ± std | worst seed | commit | command |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         what = ", ".join(x for x in (r["network"], r["where"], r["tag"]) if x)
         print(f"| {r['algo'].upper() if r['algo'] != 'impala' else 'IMPALA'} | {r['env_id']} | "
-              f"{what} | {r['steps']:.1e} | {r['seeds']} | {random[r['env_id']]:.1f} | {r['mean']:.1f} ± {r['std']:.1f} | "
-              f"{r['worst']:.1f} | `{r['command']}` |".replace("e+0", "e"))
+              f"{what} | {r['steps']:.1e} | {r['seeds']} | {random[r['env_id']]:.1f} | "
+              f"{r['mean']:.1f} ± {r['std']:.1f} | {r['worst']:.1f} | {r['commit']} | "
+              f"`{r['command']}` |".replace("e+0", "e"))
     print("\n| environment | published | figure | source |\n|---|---|---|---|")
     for env_id in ENVS:
         for who, figure, source in REFERENCES.get(env_id, []):
@@ -274,4 +445,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

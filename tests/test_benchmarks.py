@@ -245,6 +245,52 @@ def test_every_command_line_result_has_a_command_that_builds_its_config():
     assert checked >= 4 and retuned >= 1, (checked, retuned)
 
 
+def test_the_recheck_s_dry_run_lists_the_commands_of_the_rows_it_selects(monkeypatch, capsys):
+    """`table.py --recheck --rows REGEX --dry-run`: one line per selected row, its table
+    command with `--out-dir` (a command-line run: `--log-dir`) into the recheck folder, in the
+    table's order; no other row, nothing run, no record written."""
+    recheck_dir = os.path.join("benchmarks", "out", "recheck")
+    monkeypatch.setattr(sys, "argv", ["table.py", "--recheck", "--dry-run", "--rows",
+                                      r"^(ppo|impala)__MaskedCartPole-v1__(gru|mlp)$|brax-ant$",
+                                      "--out", "/nonexistent/recheck.json"])
+    assert table.main() == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    names = ["ppo__MaskedCartPole-v1__gru", "ppo__MaskedCartPole-v1__mlp", "gpu/ppo__brax-ant",
+             "impala__MaskedCartPole-v1__gru", "impala__MaskedCartPole-v1__mlp"]
+    assert [line.rsplit("  # ", 1)[1] for line in lines] == names, lines
+    results = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "benchmarks", "results")
+    for line, name in zip(lines, names):
+        command = table.describe(os.path.join(results, name + ".json"))["command"]
+        flag = "--log-dir" if "brax-ant" in name else "--out-dir"
+        out = os.path.join(recheck_dir, name) if "brax-ant" in name else recheck_dir
+        assert line.split("  # ")[0] == f"{command} {flag} {out}", line
+
+
+def test_the_recheck_flags_a_row_that_moved_beyond_its_spread_and_passes_one_that_did_not():
+    """`table.compare`: Welch's t-test on per-seed final returns (p as SciPy's `ttest_ind`
+    without equal variances); moved at p < alpha; a rerun that gave the same seeds passes;
+    runs without spread compare their means; a run of one seed is not judged."""
+    from scipy import stats
+
+    old = np.array([380.0, 395, 400, 405, 410, 420, 390, 400])  # 400 +- 11.5
+    unchanged = np.array([385.0, 398, 402, 399, 415, 412, 388, 404])  # other seeds, same code
+    moved = old - 30  # the same spread, 30 lower: p 2e-4
+    for new in (unchanged, moved):
+        result = table.compare(old, new)
+        np.testing.assert_allclose(result["p"], stats.ttest_ind(new, old, equal_var=False).pvalue)
+        np.testing.assert_allclose(result["diff"], new.mean() - old.mean())
+    assert table.compare(old, unchanged)["verdict"] == "within spread"
+    assert table.compare(old, moved)["verdict"] == "moved"
+    assert table.compare(old, old - 5)["verdict"] == "within spread"  # p 0.43
+    assert table.compare(old, old)["p"] == 1.0  # a rerun that reproduced every seed
+    assert table.compare(old, moved, alpha=1e-30)["verdict"] == "within spread"
+    solved = np.full(8, 500.0)
+    assert table.compare(solved, solved + 1e-4)["verdict"] == "within spread"
+    assert table.compare(solved, np.full(8, 499.0))["verdict"] == "moved"
+    assert table.compare(solved, [500.0, np.nan])["verdict"] == "too few seeds"
+
+
 def test_the_benchmarks_read_a_summary_line_without_a_final_return():
     """A run in which no episode ended, or only in some runs, still gives its speed."""
     nan = float("nan")
