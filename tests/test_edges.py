@@ -487,3 +487,26 @@ def test_the_progress_line_keeps_each_run_s_last_return_through_chunks_without_a
     later = output.recent_returns([{"episodic_return": np.array([[nan, nan], [5.0, nan],
                                                               [2.0, 4.0]])}], recent)
     np.testing.assert_array_equal(later, [3.0, 5.0, 3.0])
+
+
+def test_evaluation_keys_are_none_of_the_keys_init_derives():
+    """The command line's evaluation keys (`output.eval_keys`) after any update are none of
+    the keys `init` derives from a run's seed key: `split(seed key, 3)` (the carried key, the
+    network's, the environments'), the environments' own, nor the first update's."""
+    import jax
+
+    from common.host.logger import seed_keys
+    from helpers import initial_state
+
+    run, num_envs = type("R", (), {"seed": 1, "num_seeds": 2})(), 4
+    _, _, state = initial_state("ppo", num_seeds=2, num_envs=num_envs)
+    derived = set()
+    for seed_key, carried in zip(seed_keys(run.seed, run.num_seeds), np.asarray(state.key)):
+        key, key_net, key_env = np.asarray(jax.random.split(seed_key, 3))
+        np.testing.assert_array_equal(carried, key)  # as `init` splits it
+        derived |= {tuple(k) for k in (key, key_net, key_env,
+                                       *np.asarray(jax.random.split(key_env, num_envs)),
+                                       *np.asarray(jax.random.split(key, 3)))}
+    evaluated = np.concatenate([np.asarray(output.eval_keys(run, u)) for u in range(64)])
+    assert not derived & {tuple(k) for k in evaluated}
+    assert len({tuple(k) for k in evaluated}) == len(evaluated)  # each update its own

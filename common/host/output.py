@@ -83,10 +83,20 @@ def first_non_finite(metrics: dict, params, first_update: int):
     return name, update, seed
 
 
+EVAL_STREAM = 0x6576616C
+"""The number (`eval` in ASCII) folded into a run's seed key to start its evaluation keys."""
+
+
 def eval_keys(run: RunOptions, update: int):
-    """The evaluation keys after `update`: independent of training's, the same on resume."""
-    return jax.vmap(jax.random.fold_in, in_axes=(0, None))(
-        logger.seed_keys(run.seed, run.num_seeds), update)
+    """The evaluation keys after `update`: independent of training's, the same on resume.
+
+    They come from a stream of their own, `fold_in(fold_in(seed key, EVAL_STREAM), update)`.
+    Folding the update into the seed key itself would not do: JAX's Threefry keys are
+    partitionable, `fold_in(key, i)` is `split(key, n)[i]`, and `init` splits the seed key in
+    3 (the carried key, the network's, the environments'), so evaluations after updates 1 and 2
+    would play with the network's and the environments' keys."""
+    fold = jax.vmap(jax.random.fold_in, in_axes=(0, None))
+    return fold(fold(logger.seed_keys(run.seed, run.num_seeds), EVAL_STREAM), update)
 
 
 def recent_returns(rows: list, recent=None) -> np.ndarray:
