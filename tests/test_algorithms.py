@@ -3,7 +3,8 @@
 The `make_train` contract: one row of metrics per update, the same key giving the same numbers,
 a vmapped seed equal to the same seed run alone, a swept hyperparameter equal to the same value
 set in the config, chunked updates equal to one call (a vmapped seed and chunked updates also
-with a recurrent network), progress printed from inside `jit` under `vmap`; learning on a
+with a recurrent network), progress printed from inside `jit` under `vmap`, no batched QR
+in the vmapped program (the jaxlib 0.10 deadlock; with each recurrent core too); learning on a
 small CartPole budget; and a smoke run of the command line from a real process (bad input
 from a real process: `tests/test_bad_input.py`). Each algorithm's own file tests what only
 it has (its loss by hand, IMPALA's actor lag, PPO's annealed step).
@@ -27,7 +28,7 @@ import pytest
 
 from benchmarks.configs import summary_figures
 from common.host.logger import final_return, seed_keys
-from helpers import ALGOS, OPTIMISED, stacked, tiny_run
+from helpers import ALGOS, OPTIMISED, qr_operand_shapes, stacked, tiny_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMON = {"global_step", "episodic_return", "episodic_length", "repeated_starts",
@@ -234,6 +235,20 @@ def test_live_progress_prints_from_inside_jit_under_vmap(tiny):
     assert out.count(f"[{algo_of(tiny)} CartPole-v1] step {total:>12,}/{total:,} (100%)") == 1, \
         out
     assert "SPS per run" in out
+
+
+@pytest.mark.parametrize("network", ["auto", "gru", "lstm"])
+@pytest.mark.parametrize("algo", ALGOS)
+def test_vmapped_train_never_batches_a_qr(algo, network):
+    """The jaxlib 0.10 CPU deadlock (docs/performance.md, `common.nn.orthogonal`): a QR with a
+    batch axis, which flax's orthogonal initialiser becomes under `vmap`, can hang
+    `jit(vmap(train))` at 0% CPU. Every kernel of the three files' networks, the recurrent
+    cores' gates too, is drawn by `common.nn.orthogonal`, one unbatched QR per seed: the
+    program traced for 2 seeds (traced only, nothing compiled) holds QRs, every one 2-D."""
+    run = tiny_run(algo, network)
+    jaxpr = jax.make_jaxpr(jax.vmap(run.train))(run.keys[:2]).jaxpr
+    shapes = qr_operand_shapes(jaxpr)
+    assert shapes and all(len(shape) == 2 for shape in shapes), shapes
 
 
 # --------------------------------------------------------------------------------------------
