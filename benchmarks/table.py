@@ -333,12 +333,12 @@ def rerun_finals(output: str) -> np.ndarray:
         return final_returns(json.load(open(output)))
     from common.host import checkpoint
 
-    paths = sorted(os.path.join(d, checkpoint.LATEST) for d, _, names in os.walk(output)
-                   if checkpoint.LATEST in names)
+    paths = [os.path.join(d, checkpoint.LATEST) for d, _, names in os.walk(output)
+             if checkpoint.LATEST in names]
     if not paths:
         raise FileNotFoundError(f"no {checkpoint.LATEST} under {output}")
-    return final_return(np.asarray(checkpoint.load(paths[-1])["metrics"]["episodic_return"],
-                                   np.float64))
+    latest = checkpoint.load(max(paths, key=os.path.getmtime))  # this rerun's, not an older
+    return final_return(np.asarray(latest["metrics"]["episodic_return"], np.float64))
 
 
 def shown(path: str) -> str:
@@ -347,7 +347,7 @@ def shown(path: str) -> str:
     return path if relative.startswith("..") else relative
 
 
-def recheck(rows: list, args) -> int:
+def recheck(parser, rows: list, args) -> int:
     """`--recheck`: rerun each row, compare, print the table and write the record; 1 when a
     row moved or its command failed."""
     from benchmarks.configs import library_versions, out_file, source_commit
@@ -357,7 +357,7 @@ def recheck(rows: list, args) -> int:
         for row, (argv, _) in zip(rows, commands):
             print(" ".join(argv), f" # {row['name']}")
         return 0
-    out_file(args.parser, args.out)
+    out_file(parser, args.out)
     results = []
     for row, (argv, output) in zip(rows, commands):
         print(f"=== {row['name']}: {' '.join(argv)}", flush=True)
@@ -366,12 +366,15 @@ def recheck(rows: list, args) -> int:
         entry = {"row": row["name"], "command": " ".join(argv), "seconds":
                  round(time.perf_counter() - start, 1), "output": output,
                  "committed": {"commit": row["commit"], "final_return": row["final"].tolist()}}
-        if status == 0:
+        try:
+            if status:
+                raise RuntimeError(f"exit {status}")
             new = rerun_finals(os.path.join(ROOT, output))
+        except (OSError, RuntimeError, ValueError) as error:  # recorded; the others go on
+            entry["verdict"] = f"failed ({error})"
+        else:
             entry.update(new={"final_return": np.round(new, 4).tolist()},
                          **compare(row["final"], new, args.alpha))
-        else:
-            entry["verdict"] = f"failed (exit {status})"
         results.append(entry)
     print("\n| row | committed (commit), mean ± std | rerun, mean ± std | difference | p | "
           "verdict |\n|---|---|---|---|---|---|")
@@ -387,6 +390,9 @@ def recheck(rows: list, args) -> int:
                    "alpha": args.alpha, "rows": results}, f, indent=1)
     print(f"saved {shown(args.out)}")
     return int(any(e["verdict"] != "within spread" for e in results))
+
+
+RECHECK_ONLY = ("rows", "dry_run", "alpha", "recheck_dir", "out")
 
 
 def main():
@@ -408,6 +414,12 @@ def main():
                                                       "recheck.json"),
                         help="--recheck: the record (default benchmarks/results/recheck.json)")
     args = parser.parse_args()
+    defaults = parser.parse_args([])
+    given = [name for name in RECHECK_ONLY if getattr(args, name) != getattr(defaults, name)]
+    if given and not args.recheck:
+        parser.error(f"--{given[0].replace('_', '-')} applies only with --recheck")
+    if args.speed and args.recheck:
+        parser.error("--speed prints the speed tables; --recheck reruns learning rows: pick one")
     if args.speed:
         return speed_tables(args.files or sorted(glob.glob(
             os.path.join(ROOT, "benchmarks", "results", "speed*__*.json"))))
@@ -426,8 +438,7 @@ def main():
     if args.recheck:
         if not rows:
             parser.error(f"--rows {args.rows!r} matches no row of the table")
-        args.parser = parser
-        return recheck(rows, args)
+        return recheck(parser, rows, args)
     random = {env_id: random_return(env_id) for env_id in {r["env_id"] for r in rows}}
     print("| algorithm | environment | network, machine, variant | steps | seeds | "
           "random policy | final return, mean ± std | worst seed | commit | command |")

@@ -378,11 +378,13 @@ REFERENCE = ["--reference", "none"]
     ("vs_purejaxrl", [*REFERENCE, "--lowering-profile"],
      "--lowering-profile applies only with --profile"),
     ("learning", ["--suite", "playground", "--seeds", "3"], "--seeds applies only without --suite"),
-    ("learning", ["--tasks", "CartpoleBalance"], "--tasks applies only with --suite")])
+    ("learning", ["--tasks", "CartpoleBalance"], "--tasks applies only with --suite"),
+    ("table", ["--rows", "gru"], "--rows applies only with --recheck"),
+    ("table", ["--dry-run"], "--dry-run applies only with --recheck")])
 def test_a_flag_of_a_scripts_other_mode_is_refused(script, args, message, monkeypatch, capsys):
-    """`vs_purejaxrl.py` (side by side or `--profile`) and `learning.py` (one cell or
-    `--suite`): a flag that only the other mode reads is refused with one line before anything
-    runs, not silently ignored."""
+    """`vs_purejaxrl.py` (side by side or `--profile`), `learning.py` (one cell or `--suite`)
+    and `table.py` (the tables or `--recheck`): a flag that only the other mode reads is
+    refused with one line before anything runs, not silently ignored."""
     module = importlib.import_module(f"benchmarks.{script}")
     monkeypatch.setattr(sys, "argv", [script, *args])
     with pytest.raises(SystemExit) as stop:
