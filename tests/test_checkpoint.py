@@ -14,6 +14,8 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 import jax
@@ -23,7 +25,7 @@ import pytest
 from flax import serialization
 
 from algos.ppo import Config, main, make_train
-from common.host import checkpoint, cli, flags, logger
+from common.host import checkpoint, cli, flags, logger, session
 from helpers import record_progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -242,6 +244,106 @@ def test_checkpoint_writes_are_atomic_and_leave_no_temporary_file(tmp_path, monk
     record = checkpoint.load(path)
     assert record["update"] == 3 and record["config"] == {"lr": 0.1}
     np.testing.assert_array_equal(record["train_state"]["w"], state["w"])
+
+
+class AbandonedWrite:
+    """A `session.CheckpointWriter` about to write update 4 over a checkpoint of update 3, and
+    `handler`, which abandons its writes as a second signal's handler does from the main
+    thread (run here on a thread of its own, while the writer is inside one of its steps),
+    noting the temporary files left the moment `abandon` returns."""
+
+    def __init__(self, tmp_path):
+        self.dir = tmp_path / "run"
+        self.path = str(self.dir / checkpoint.LATEST)
+        self.record = dict(algo="ppo", config={}, run={}, run_names=[], run_time=7,
+                           train_state={"w": np.arange(6.0)})
+        checkpoint.save(self.path, update=3, metrics={}, **self.record)
+        self.before = open(self.path, "rb").read()
+        self.writer, self.seen = session.CheckpointWriter(), {}
+        self.thread = threading.Thread(target=self.handler)
+
+    def temporary(self) -> list:
+        return glob.glob(str(self.dir / ".tmp-*"))
+
+    def handler(self):
+        self.writer.abandon()
+        self.seen["after abandon"] = self.temporary()
+
+    def write(self):
+        """The write, which stops quietly: nothing reported, the last checkpoint as it was,
+        no temporary file."""
+        self.writer.write(self.path, keep_previous=True, metrics=[], update=4, **self.record)
+        self.thread.join()
+        assert self.writer.written.empty()
+        assert open(self.path, "rb").read() == self.before
+        assert not self.temporary()
+
+
+def test_abandon_between_the_writer_s_steps_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """Abandoned once the new file is made, before its bytes are written: the file is gone
+    when `abandon` returns, and the write does not make it again (with `os._exit` next, a
+    file made again would stay behind)."""
+    abandoned, write = AbandonedWrite(tmp_path), checkpoint._write
+
+    def abandoned_first(tmp, data):
+        abandoned.thread.start()
+        abandoned.thread.join()
+        try:
+            write(tmp, data)
+        finally:
+            abandoned.seen["after the write"] = abandoned.temporary()
+
+    monkeypatch.setattr(checkpoint, "_write", abandoned_first)
+    abandoned.write()
+    assert abandoned.seen == {"after abandon": [], "after the write": []}
+
+
+def test_abandon_while_a_temporary_file_is_made_waits_and_removes_it(tmp_path, monkeypatch):
+    """Abandoned while the writer makes its temporary file (it exists, not yet registered):
+    `abandon` waits for that step, under the lock they share, then removes the file; without
+    the lock it would miss the file. The writer gives the handler 0.2 s to run first."""
+    abandoned, mkstemp, write = AbandonedWrite(tmp_path), tempfile.mkstemp, checkpoint._write
+
+    def made_then_abandoned(*args, **kwargs):
+        made = mkstemp(*args, **kwargs)
+        abandoned.thread.start()
+        abandoned.thread.join(timeout=0.2)
+        return made
+
+    def after_the_handler(tmp, data):  # the handler has had its turn
+        abandoned.thread.join()
+        write(tmp, data)
+
+    monkeypatch.setattr(tempfile, "mkstemp", made_then_abandoned)
+    monkeypatch.setattr(checkpoint, "_write", after_the_handler)
+    abandoned.write()
+    assert abandoned.seen == {"after abandon": []}
+
+
+def test_abandon_while_the_previous_checkpoint_is_linked_waits_and_removes_it(tmp_path,
+                                                                             monkeypatch):
+    """Abandoned while the writer links the checkpoint it replaces to its temporary name (to
+    keep it as the previous one; the name is removed, then made again as the link): `abandon`
+    waits for the link, then removes it; without the lock it would find no file, and the
+    link would make one after it. The writer gives the handler 0.2 s to run first."""
+    abandoned, link, keep = AbandonedWrite(tmp_path), os.link, checkpoint._link_or_copy
+
+    def linked_then_abandoned(source, tmp):
+        abandoned.thread.start()
+        abandoned.thread.join(timeout=0.2)
+        link(source, tmp)
+
+    def kept(*args):
+        try:
+            return keep(*args)
+        finally:
+            abandoned.thread.join()
+            abandoned.seen["after the link"] = abandoned.temporary()
+
+    monkeypatch.setattr(os, "link", linked_then_abandoned)
+    monkeypatch.setattr(checkpoint, "_link_or_copy", kept)
+    abandoned.write()
+    assert abandoned.seen == {"after abandon": [], "after the link": []}
 
 
 def test_metric_rows_are_saved_chunk_by_chunk_and_format_3_files_still_load(tmp_path):

@@ -49,6 +49,7 @@ import os
 import platform
 import dataclasses
 import tempfile
+import threading
 from importlib import metadata
 
 import jax
@@ -66,12 +67,78 @@ RECORD_FIELDS = ("algo", "config", "run", "run_names", "update", "run_time", "ve
                  "train_state")
 _LIBRARIES = ("jax", "jaxlib", "flax", "optax", "distrax", "gymnax", "numpy")
 
-writing: set = set()
-"""Temporary files being written right now (removed by a process that must stop at once)."""
-
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, unreadable, corrupt, or does not fit the run asked of it."""
+
+
+class Abandoned(Exception):
+    """A checkpoint write refused a step because its `TempFiles` was abandoned."""
+
+
+class TempFiles:
+    """The temporary files of a writer's checkpoint writes in progress, which a process that
+    must stop at once removes (`abandon`).
+
+    The command line's writer thread owns one (`session.CheckpointWriter`), and a second
+    signal's handler abandons it from the main thread, between any two steps of the writer's.
+    The two meet under one lock: every step that gives a temporary file its name (`create`,
+    `link`) checks the flag and runs under it, and `abandon` sets the flag and removes the
+    files under it. So when `abandon` returns, no temporary file is left and none is made
+    again (the write itself opens its file without creating it, `_write`), none becomes a
+    checkpoint (its rename finds no file), and the writer's next step raises (`Abandoned`,
+    or `FileNotFoundError`). Re-entrant: a third signal's handler can run inside the second's
+    `abandon`, on the same thread."""
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.files: set = set()
+        self.abandoned = False
+
+    def _check(self):
+        if self.abandoned:
+            raise Abandoned("the checkpoint write was abandoned")
+
+    def create(self, directory: str) -> str:
+        """A new empty temporary file in `directory`, registered."""
+        with self.lock:
+            self._check()
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".msgpack", dir=directory)
+            os.close(fd)
+            self.files.add(tmp)
+            return tmp
+
+    def link(self, source: str, tmp: str) -> bool:
+        """Make the registered `tmp` a hard link to `source` (True), or, on a file system
+        without hard links, leave it empty for a copy (False)."""
+        with self.lock:
+            self._check()
+            os.remove(tmp)
+            try:
+                os.link(source, tmp)
+                return True
+            except OSError:
+                open(tmp, "xb").close()
+                return False
+
+    def discard(self, tmp: str):
+        """Forget `tmp`, removed first if it is still there (a write that failed; renamed, it
+        is not)."""
+        with self.lock:
+            self.files.discard(tmp)
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+    def abandon(self):
+        """Refuse every later step of the writes and remove their temporary files (from a
+        signal's handler; see the class docstring)."""
+        with self.lock:
+            self.abandoned = True
+            for tmp in list(self.files):  # a copy: a nested call may run inside this loop
+                try:
+                    os.remove(tmp)
+                except OSError:
+                    pass
 
 
 def resolve(path: str) -> str:
@@ -168,13 +235,16 @@ class Rows:
 
 
 def save(path: str, *, algo: str, config: dict, run: dict, run_names: list, update: int,
-         run_time: int, train_state, metrics, keep_previous: bool = True):
+         run_time: int, train_state, metrics, keep_previous: bool = True,
+         temp_files: TempFiles | None = None):
     """Write a checkpoint to `path` atomically (see the module docstring); with
     `keep_previous`, the file already at `path` becomes `previous_path(path)` once the new
     file is written, just before the new file replaces it.
 
     `metrics`: the rows so far, a `Rows` (kept by a caller that checkpoints as it goes) or one
-    dict of metric name -> array [num_seeds, update]."""
+    dict of metric name -> array [num_seeds, update]. `temp_files`: the writer's `TempFiles`,
+    through which another thread can abandon the write (None: one of this call's own)."""
+    temp_files = TempFiles() if temp_files is None else temp_files
     rows = metrics if isinstance(metrics, Rows) else Rows([metrics] if metrics else [])
     record = {
         "algo": algo,
@@ -195,9 +265,10 @@ def save(path: str, *, algo: str, config: dict, run: dict, run_names: list, upda
     os.makedirs(directory, exist_ok=True)
     def keep():  # only once the new file is whole: a failed write leaves both as they were
         if keep_previous and os.path.isfile(path):
-            _replace_atomically(previous_path(path), lambda tmp: _link_or_copy(path, tmp))
+            _replace_atomically(previous_path(path), temp_files,
+                                lambda tmp: _link_or_copy(path, tmp, temp_files))
 
-    _replace_atomically(path, lambda tmp: _write(tmp, data), before_rename=keep)
+    _replace_atomically(path, temp_files, lambda tmp: _write(tmp, data), before_rename=keep)
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)  # make the renames themselves durable
@@ -218,14 +289,11 @@ def _checksum(payload: bytes, digests: list) -> str:
     return hashlib.sha256(hashlib.sha256(payload).digest() + b"".join(digests)).hexdigest()
 
 
-def _replace_atomically(path: str, make, before_rename=None):
-    """`make(tmp)` a temporary file beside `path`, call `before_rename()`, then rename the
-    file over `path`. An `OSError` without a file name (a full disk) is given the temporary
-    file's."""
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".msgpack",
-                               dir=os.path.dirname(os.path.abspath(path)))
-    os.close(fd)
-    writing.add(tmp)
+def _replace_atomically(path: str, temp_files: TempFiles, make, before_rename=None):
+    """`make(tmp)` a temporary file beside `path` (made and registered by `temp_files`), call
+    `before_rename()`, then rename the file over `path`. An `OSError` without a file name (a
+    full disk) is given the temporary file's."""
+    tmp = temp_files.create(os.path.dirname(os.path.abspath(path)))
     try:
         try:
             make(tmp)
@@ -235,26 +303,21 @@ def _replace_atomically(path: str, make, before_rename=None):
         if before_rename is not None:
             before_rename()
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
     finally:
-        writing.discard(tmp)
+        temp_files.discard(tmp)
 
 
 def _write(tmp: str, data: bytes):
-    with open(tmp, "wb") as f:
+    """Write `data` to the empty file `tmp` made for it, opened without creating it: a file
+    removed by `TempFiles.abandon` is not made again."""
+    with open(os.open(tmp, os.O_WRONLY), "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
 
 
-def _link_or_copy(source: str, tmp: str):
-    os.remove(tmp)
-    try:
-        os.link(source, tmp)
-    except OSError:  # a file system without hard links
+def _link_or_copy(source: str, tmp: str, temp_files: TempFiles):
+    if not temp_files.link(source, tmp):  # a file system without hard links
         with open(source, "rb") as f:
             _write(tmp, f.read())
 

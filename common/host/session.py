@@ -20,7 +20,8 @@ from common.host.options import RunOptions
 
 class CheckpointWriter:
     """The writer thread's side of checkpointing: `write` runs there, queued by `save`, and
-    alone touches `packed`; the main thread learns what it wrote only from `written`."""
+    alone touches `packed`; the main thread learns what it wrote only from `written`, and
+    stops a write only through `abandon` (a second signal's handler)."""
 
     def __init__(self):
         self.packed = checkpoint.Rows()
@@ -28,15 +29,29 @@ class CheckpointWriter:
         self.written = queue.SimpleQueue()
         """`(update, file)` of each checkpoint written, in order: the hand-over to the main
         thread (a `SimpleQueue`, safe to read from a signal handler)."""
+        self.temp_files = checkpoint.TempFiles()
+        """The temporary files of the write in progress, the writer's; the main thread
+        reaches them only through `abandon`, under their lock."""
 
     def write(self, path: str, keep_previous: bool, metrics: list, **record):
         """Write the checkpoint `record` to `path` (`metrics`: the chunks' rows so far, those
         not yet in `packed` serialised now), the file it replaces kept as the previous one
-        with `keep_previous`."""
+        with `keep_previous`. Once abandoned, it writes nothing and reports nothing."""
         for rows in metrics[len(self.packed):]:
             self.packed.append(rows)
-        checkpoint.save(path, keep_previous=keep_previous, metrics=self.packed, **record)
+        try:
+            checkpoint.save(path, keep_previous=keep_previous, metrics=self.packed,
+                            temp_files=self.temp_files, **record)
+        except Exception:
+            if self.temp_files.abandoned:  # stopped at once: not an error of its own
+                return
+            raise
         self.written.put((record["update"], path))
+
+    def abandon(self):
+        """Stop the write in progress, and every later one, its temporary files removed
+        (`checkpoint.TempFiles.abandon`); the checkpoints written stay as they are."""
+        self.temp_files.abandon()
 
 
 @dataclasses.dataclass

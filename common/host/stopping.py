@@ -5,7 +5,6 @@ abandoning the checkpoint being written (`stop_at_once`). Before training,
 `common/host/starting.py` answers signals.
 """
 
-import contextlib
 import os
 import signal
 import sys
@@ -13,7 +12,6 @@ import threading
 
 import jax
 
-from common.host import checkpoint
 from common.host.session import Session, last_checkpoint, save
 from common.host.starting import SIGNALS, STARTING
 
@@ -114,9 +112,7 @@ def stop(s: Session, update: int, signum: int):
 def stop_at_once(s: Session, signum: int):
     """A second signal: leave now. The checkpoint being written, if any, is abandoned (its
     temporary file removed); the last one written stays as it was."""
-    for tmp in list(checkpoint.writing):
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
+    s.checkpoints.abandon()
     print(f"{signal.Signals(signum).name} again: stopped at once. Last complete checkpoint: "
           f"{last_checkpoint(s)}.", file=sys.stderr, flush=True)
     leave_now(128 + int(signum))
