@@ -1,6 +1,6 @@
-"""`algos/a2c.py`: bad values, and the loss against a hand computation of the n-step
-advantage. What all three algorithms share (shapes, determinism,
-sweeps, learning, the CLI) is checked in `tests/test_algorithms.py`."""
+"""`algos/a2c.py`: bad values, the loss against a hand computation of the n-step
+advantage, and `norm_adv` reaching the loss `learn` steps. What all three algorithms share
+(shapes, determinism, sweeps, learning, the CLI) is checked in `tests/test_algorithms.py`."""
 
 import jax
 import jax.numpy as jnp
@@ -98,6 +98,36 @@ def test_loss_matches_hand_computed_n_step_and_gae_advantages(norm_adv, jit, lam
     d_logp, d_v = jax.grad(lambda *a: fn(*a)[0], argnums=(0, 1))(*args)
     np.testing.assert_allclose(d_logp, -A_used / n, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(d_v, vf_coef * (V - R) / n, rtol=1e-5, atol=1e-7)
+
+
+def test_learn_hands_norm_adv_to_the_loss_it_steps():
+    """`make_train` passes `norm_adv` to the loss its `learn` steps: with it on, the policy
+    loss `learn` reports for its one step, at the parameters it starts from, is
+    -mean[A' log pi(a|s)] with A' the advantages normalised over the whole batch. Here the
+    advantages are 1 + 2 z, z the log-probabilities (under a policy far from uniform)
+    standardised, so A' = z and the loss is -std(log pi), from the network's outputs in NumPy;
+    the raw advantages would give -mean(log pi) - 2 std(log pi)."""
+    from algos.a2c import ActorCritic, Transition, make_train
+    from common.envs import make_env
+
+    config = Config(env_id="CartPole-v1", total_timesteps=64, num_envs=4, num_steps=8,
+                    norm_adv=True)
+    train = make_train(config)
+    state = jax.jit(train.init)(jax.random.PRNGKey(0))
+    state = state._replace(params=jax.tree_util.tree_map_with_path(  # the policy head scaled
+        lambda path, x: 100.0 * x if "Dense_5" in jax.tree_util.keystr(path) else x,
+        state.params))
+    k = jax.random.split(jax.random.PRNGKey(1), 3)
+    n = config.batch_size
+    obs, action = jax.random.normal(k[0], (n, 4)), jax.random.randint(k[1], (n,), 0, 2)
+    pi, _, _ = ActorCritic(make_env("CartPole-v1")[2]).apply(state.params, obs)
+    log_prob = np.asarray(pi.log_prob(action), np.float64)
+    assert log_prob.std() > 0.3, log_prob.std()
+    z = (log_prob - log_prob.mean()) / log_prob.std()
+    data = Transition(obs, action, jnp.zeros(n), jnp.asarray(1.0 + 2.0 * z, jnp.float32),
+                      jax.random.normal(k[2], (n,)))
+    info = jax.jit(train.learn, static_argnums=3)(state, config.hparams(), data, 0)[2]
+    np.testing.assert_allclose(info.policy_loss, -log_prob.std(), rtol=1e-5)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""`algos/impala.py`: the actor lag, bad values, and the loss by hand.
+"""`algos/impala.py`: the actor lag, bad values, the loss by hand, and `vtrace=False` and
+`kl_coef` reaching the loss `learn` steps.
 What all three algorithms share (shapes, determinism, sweeps, learning, the CLI) is checked in
 `tests/test_algorithms.py`."""
 
@@ -72,6 +73,85 @@ def test_the_lag_queue_has_its_shape_and_the_ratios_are_1_on_policy_and_move_wit
     # Later the actors lag behind the learner: ratios move both ways, some above rho_bar.
     assert (metrics["rho_clip_fraction"][:, 1:] > 0).all(), metrics["rho_clip_fraction"]
     assert (metrics["mean_clipped_rho"][:, 1:] < 1.0 - 1e-4).all(), metrics["mean_clipped_rho"]
+
+
+def test_learn_hands_vtrace_off_to_the_loss_and_steps_with_the_kl_penalty():
+    """`make_train` passes `vtrace=False` to the loss its `learn` steps: with one minibatch of
+    the whole batch, the value and policy losses `learn` reports, at the parameters it starts
+    from, are those of the uncorrected targets (the NumPy V-Trace loop of
+    `tests/test_vtrace.py` with log rho = 0), not the corrected ones, on trajectories whose
+    behaviour log-probabilities are far from the learner's. And `kl_coef` (traced) reaches
+    the step: the parameters after it are one RMSprop step of plain optax on the file's
+    loss with the same kl_coef, 0 or 1, and the two steps differ."""
+    import optax
+    from test_vtrace import vtrace_reference
+
+    from algos.impala import ActorCritic, Transition, impala_loss, make_train
+    from common.envs import make_env
+
+    config = Config(env_id="CartPole-v1", total_timesteps=4 * 8 * 2, num_envs=4, num_steps=8,
+                    actor_lag=0, anneal_lr=False, vtrace=False)
+    train = make_train(config)
+    state = jax.jit(train.init)(jax.random.PRNGKey(0))
+    k = jax.random.split(jax.random.PRNGKey(1), 6)
+    shape = (config.num_envs, config.num_steps)  # learn's trajectories [num_envs, T]
+    ends = jax.random.uniform(k[4], shape)
+    data = Transition(jax.random.normal(k[0], shape + (4,)),
+                      jax.random.randint(k[1], shape, 0, 2), jax.random.normal(k[2], shape),
+                      ends < 0.1, (ends > 0.1) & (ends < 0.2),
+                      jax.random.normal(k[3], shape + (4,)),
+                      jnp.log(0.5) + 0.5 * jax.random.normal(k[5], shape))
+    learn = jax.jit(train.learn, static_argnums=4)
+    key, hp = jax.random.PRNGKey(2), config.hparams()
+
+    # The losses it reports: uncorrected targets, from the network's outputs.
+    network = ActorCritic(make_env("CartPole-v1")[2])
+    pi, v, _ = network.apply(state.params, data.obs)
+    f64 = lambda x: np.asarray(x, np.float64)  # noqa: E731
+    log_prob, v, v_tp1 = f64(pi.log_prob(data.action)), f64(v), f64(network.apply(
+        state.params, data.next_obs)[1])
+    r, term, trunc = f64(data.reward), np.asarray(data.terminated), np.asarray(data.truncated)
+
+    def losses(log_rho):
+        vs, adv = np.stack([np.stack(vtrace_reference(
+            log_rho[e], r[e], v[e], v_tp1[e], term[e], trunc[e], config.gamma))
+            for e in range(config.num_envs)], axis=1)
+        return 0.5 * np.mean((vs - v) ** 2), -np.mean(adv * log_prob)
+
+    uncorrected = losses(np.zeros_like(log_prob))
+    corrected = losses(log_prob - f64(data.behaviour_log_prob))
+    assert np.abs(np.subtract(uncorrected, corrected)).min() > 0.01  # the switch matters here
+    _, _, info = learn(state, hp, data, key, 0)
+    np.testing.assert_allclose([info.value_loss[0, 0], info.policy_loss[0, 0]], uncorrected,
+                               rtol=1e-5)
+
+    # The KL penalty reaches the step.
+    optimizer = optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
+                            optax.rmsprop(config.learning_rate, decay=config.rms_decay,
+                                          eps=config.opt_eps, eps_in_sqrt=True))
+
+    @jax.jit
+    def reference(params, hp):
+        def loss(p):
+            batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), data)  # time-major
+            pi, v_t, _ = network.apply(p, batch.obs)
+            return impala_loss(pi.log_prob(batch.action), pi.entropy(), v_t,
+                               network.apply(p, batch.next_obs)[1], batch, hp,
+                               vtrace_correction=False)[0]
+
+        updates, _ = optimizer.update(jax.grad(loss)(params), optimizer.init(params), params)
+        return optax.apply_updates(params, updates)
+
+    steps = {}
+    for kl_coef in (0.0, 1.0):
+        hp_kl = hp._replace(kl_coef=jnp.float32(kl_coef))
+        steps[kl_coef] = learn(state, hp_kl, data, key, 0)[0]
+        for g, w in zip(jax.tree.leaves(steps[kl_coef]),
+                        jax.tree.leaves(reference(state.params, hp_kl)), strict=True):
+            np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6, err_msg=str(kl_coef))
+    moved = max(np.abs(a - b).max() for a, b in zip(jax.tree.leaves(steps[0.0]),
+                                                   jax.tree.leaves(steps[1.0])))
+    assert moved > 1e-4, moved
 
 
 @pytest.mark.parametrize("field,value,message", [

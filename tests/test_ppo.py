@@ -1,6 +1,7 @@
-"""`algos/ppo.py`: the annealed step, `learn` as plain optax SGD with the KL stop,
-and the loss by hand. What all three algorithms share (shapes, determinism, sweeps, learning,
-the CLI) is checked in `tests/test_algorithms.py`."""
+"""`algos/ppo.py`: the annealed step, `learn` as plain optax SGD with the KL stop, the
+loss by hand, and `--no-norm-adv --no-clip-vloss` reaching the loss `learn` steps. What all
+three algorithms share (shapes, determinism, sweeps, learning, the CLI) is checked in
+`tests/test_algorithms.py`."""
 
 import dataclasses
 
@@ -103,6 +104,42 @@ def test_ppo_loss_matches_a_hand_computation_on_every_clipping_branch(norm_adv, 
     active = np.array([s != -ai * ri for s, ai, ri in zip(surrogate, a, ratio)])
     np.testing.assert_allclose(grad, np.where(active, 0.0, -a * ratio / 6), rtol=1e-5,
                                atol=1e-6)
+
+
+def test_learn_hands_norm_adv_and_clip_vloss_off_to_the_loss_it_steps():
+    """`make_train` passes its switches to the loss its `learn` steps (`--no-norm-adv
+    --no-clip-vloss`; the defaults are `test_learn_is_plain_minibatch_sgd...`'s): with one
+    minibatch of the whole batch, the losses `learn` reports for its step, taken at the
+    parameters it starts from, are the surrogate of the raw advantages and the unclipped value
+    loss 0.5 mean[(V - G)^2], written here in NumPy from the network's outputs. The batch makes
+    both switches matter: advantages of mean 1 and std 2, old values 1 away from V."""
+    from algos.ppo import ActorCritic
+    from common.envs import make_env
+
+    config = dataclasses.replace(TINY, num_minibatches=1, update_epochs=1, norm_adv=False,
+                                 clip_vloss=False)
+    train = make_train(config)
+    state = jax.jit(train.init)(jax.random.PRNGKey(0))
+    data = random_batch(config.batch_size)
+    data = data._replace(advantage=1.0 + 2.0 * data.advantage, value=data.value + 1.0)
+    info = jax.jit(train.learn, static_argnums=4)(state, config.hparams(), data,
+                                                  jax.random.PRNGKey(2), 0)[2]
+
+    pi, value, _ = ActorCritic(make_env("CartPole-v1")[2]).apply(state.params, data.obs)
+    f64 = lambda x: np.asarray(x, np.float64)  # noqa: E731
+    ratio = np.exp(f64(pi.log_prob(data.action)) - f64(data.log_prob))
+    adv, v, v_old, ret = f64(data.advantage), f64(value), f64(data.value), f64(data.ret)
+    eps = config.clip_coef
+    surrogate = lambda a: np.mean(np.maximum(  # noqa: E731
+        -a * ratio, -a * np.clip(ratio, 1 - eps, 1 + eps)))
+    raw, normalised = surrogate(adv), surrogate((adv - adv.mean()) / adv.std())
+    unclipped = 0.5 * np.mean((v - ret) ** 2)
+    clipped = 0.5 * np.mean(np.maximum((v - ret) ** 2,
+                                       (v_old + np.clip(v - v_old, -eps, eps) - ret) ** 2))
+    assert abs(raw - normalised) > 0.5 and abs(unclipped - clipped) > 0.1  # both matter here
+    assert info.policy_loss.shape == (1, 1)  # [epochs, minibatches]
+    np.testing.assert_allclose(info.policy_loss[0, 0], raw, rtol=1e-5)
+    np.testing.assert_allclose(info.value_loss[0, 0], unclipped, rtol=1e-5)
 
 
 def test_learn_is_plain_minibatch_sgd_with_optax_and_a_kl_stop_keeps_the_epochs_before_it(
