@@ -9,6 +9,7 @@ import functools
 import glob
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -242,9 +243,18 @@ def test_ctrl_c_saves_at_once_not_at_the_end_of_a_chunk(signals, tmp_path):
     """Ctrl-C (once or twice) while the first chunk computes: the run exits with 130, having
     saved update 0, without waiting for that chunk (nor for the one queued behind it) to
     end. A chunk of `LONG` computes for many minutes, so a run that exits at all before the
-    deadline did not wait for it; one that waited and then saved would say update 204800."""
-    run = subprocess.Popen([sys.executable, "algos/ppo.py", *LONG, "--log-dir", str(tmp_path)],
-                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline did not wait for it; one that waited and then saved would say update 204800.
+
+    Twice, the second signal may stop the first one's write: the run resumes `LONG` from a
+    kept previous checkpoint, so that it writes its latest one when stopped and a complete
+    checkpoint exists whichever signal wins; the one its last line names must be there."""
+    command = [sys.executable, "algos/ppo.py", *LONG, "--log-dir", str(tmp_path)]
+    if signals == 2:
+        previous = save_initial(tmp_path / "ppo_run_0" / "latest.previous.msgpack", "ppo",
+                                total_timesteps=2097152000)
+        command = [sys.executable, "algos/ppo.py", "--resume", previous]
+    run = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
     started(run)
     time.sleep(1.0)  # well inside the first chunk
     for _ in range(signals):
@@ -261,9 +271,15 @@ def test_ctrl_c_saves_at_once_not_at_the_end_of_a_chunk(signals, tmp_path):
     if signals == 1:
         assert "interrupted at update 0 of 4096000" in out, out
         assert checkpoint.load(paths[0])["update"] == 0
-    else:  # the second one may stop the first one's write: a checkpoint is whole or absent
+    else:  # the latest is whole or absent; the one named, whole
         assert all(checkpoint.load(p)["update"] == 0 for p in paths)
         assert not glob.glob(str(tmp_path / "*" / ".tmp-*"))
+        saved = re.search(r"^interrupted at update 0 of 16384000; checkpoint: (\S+)$", out, re.M)
+        abandoned = re.search(r"^SIGINT again: stopped at once\. Last complete checkpoint: "
+                              r"(\S+) \(update 0\)\.$", err, re.M)
+        assert saved or abandoned, out + err
+        named = (saved or abandoned).group(1)
+        assert checkpoint.load(named)["update"] == 0
 
 
 def test_ctrl_c_while_starting_exits_quietly(tmp_path, monkeypatch, capsys):
