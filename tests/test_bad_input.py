@@ -24,9 +24,9 @@ import pytest
 from flax import serialization
 
 import algos.evaluate as evaluate_entry
-from common.host import cli
+from common.host import checkpoint, cli
 from common.host.flags import paragraphs
-from helpers import save_initial
+from helpers import initial_state, save_initial
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
@@ -53,7 +53,8 @@ def files(tmp_path_factory):
         run.mkdir(parents=True)
     (first / "latest.msgpack").write_bytes(data)  # a command of two seeds: one checkpoint
 
-    return {"ckpt": good, "ppo_mb3": str(d / "ppo_mb3.msgpack"),
+    return {"impala_tree_opt": save_impala_with_its_optimiser_on_the_tree(d / "impala.msgpack"),
+            "ckpt": good, "ppo_mb3": str(d / "ppo_mb3.msgpack"),
             "truncated": str(d / "truncated.msgpack"),
             "corrupt": str(d / "corrupt.msgpack"), "empty": str(d / "empty.msgpack"),
             "foreign": str(d / "foreign.msgpack"), "missing": str(d / "nowhere.msgpack"),
@@ -64,6 +65,28 @@ def files(tmp_path_factory):
                                      env_id="UmbrellaChain-bsuite"),
             "gru": save_initial(d / "gru.msgpack", "a2c", env_id="MaskedCartPole-v1",
                                 network="gru", hidden_size=8)}
+
+
+def save_impala_with_its_optimiser_on_the_tree(path) -> str:
+    """A checkpoint of IMPALA as it was before its optimiser's state became one flat vector
+    (d4e2695): the same run, its `opt_state` that of the optimiser it had then, clipping and
+    RMSprop on the parameter tree (one array per parameter in RMSprop's `nu`)."""
+    import dataclasses
+
+    import jax
+    import optax
+
+    from common.host.options import RunOptions
+
+    config, _, state = initial_state("impala")
+    hp = config.hparams()
+    on_the_tree = optax.chain(optax.clip_by_global_norm(hp.max_grad_norm), optax.rmsprop(
+        lambda count: hp.learning_rate, decay=hp.rms_decay, eps=hp.opt_eps, eps_in_sqrt=True))
+    checkpoint.save(str(path), algo="impala", config=dataclasses.asdict(config),
+                    run=dataclasses.asdict(RunOptions(exp_name="impala")),
+                    run_names=["impala_run_0"], update=0, run_time=0, metrics={},
+                    train_state=state._replace(opt_state=jax.vmap(on_the_tree.init)(state.params)))
+    return str(path)
 
 
 CATALOGUE = [
@@ -227,6 +250,10 @@ CATALOGUE = [
     ("a2c", ["--resume", "{gru}", "--network", "mlp"], "network: 'gru' -> 'mlp'"),
     ("a2c", ["--resume", "{gru}", "--network", "lstm"], "network: 'gru' -> 'lstm'"),
     ("ppo", ["--resume", "{ckpt}", "--network", "gru"], "network: 'auto' -> 'gru'"),
+    ("impala", ["--resume", "{impala_tree_opt}"], "'{impala_tree_opt}': its optimiser state is "
+     "kept on the parameter tree (one array per parameter), as it was before this code kept it "
+     "as one flat vector (common/minibatch.flat_optimizer); this version cannot continue it. "
+     "Use the version of the code that wrote it, or start a new run."),
     # --- the evaluate entry point ---
     ("evaluate", ["{missing}"], "no checkpoint file at '{missing}'"),
     ("evaluate", ["{truncated}"], "'{truncated}' is not a readable checkpoint"),
@@ -242,6 +269,7 @@ CATALOGUE = [
     ("evaluate", ["{second_run}"], "no checkpoint file at '{second_run}/latest.msgpack'. The "
      "runs of one command keep one checkpoint, in the first run's directory: '{first_run}'."),
     ("evaluate", ["{flipped}"], "is corrupt: its contents do not match their checksum"),
+    ("evaluate", ["{impala_tree_opt}"], "its optimiser state is kept on the parameter tree"),
     ("evaluate", ["{ckpt}", "--episodes", "many"], "error: --episodes: expected an integer"),
     ("evaluate", [], "error: missing PATH: A checkpoint file, or a run directory holding"),
     # an unknown flag before the path takes the path as its value: still the unknown flag

@@ -444,8 +444,17 @@ def restore(template, state_dict, path: str = "checkpoint"):
 
     `template` has the expected structure with arrays or `jax.ShapeDtypeStruct` leaves (e.g.
     `jax.eval_shape(jax.vmap(train.init), keys, hparams)`). Raises `CheckpointError` when the
-    structure, a shape or a dtype differs.
+    structure, a shape or a dtype differs, and says why where it knows: an optimiser state
+    kept on the parameter tree, where this code keeps it as one flat vector
+    (`common/minibatch.flat_optimizer`; IMPALA's before it did, for one).
     """
+    if _on_the_parameter_tree(state_dict) and \
+            not _on_the_parameter_tree(serialization.to_state_dict(serialisable(template))):
+        raise CheckpointError(
+            f"{path!r}: its optimiser state is kept on the parameter tree (one array per "
+            "parameter), as it was before this code kept it as one flat vector "
+            "(common/minibatch.flat_optimizer); this version cannot continue it. Use the "
+            "version of the code that wrote it, or start a new run.")
     try:
         state = serialization.from_state_dict(serialisable(template), state_dict)
     except (ValueError, KeyError, TypeError) as error:
@@ -462,6 +471,27 @@ def restore(template, state_dict, path: str = "checkpoint"):
                 f"{path!r}: saved array {jax.tree_util.keystr(where)} has shape {got.shape} "
                 f"{got.dtype}, expected {tuple(want.shape)} {want.dtype}.")
     return jax.tree.map(jax.numpy.asarray, state)
+
+
+def _on_the_parameter_tree(state_dict) -> bool:
+    """Whether a train state's state dict keeps an optimiser state on the parameter tree: a
+    map somewhere in its `opt_state` with the keys and the array shapes of its `params`."""
+    if not isinstance(state_dict, dict) or not {"params", "opt_state"} <= set(state_dict):
+        return False
+    params = state_dict["params"]
+
+    def alike(a, b):
+        if isinstance(a, dict) or isinstance(b, dict):
+            return isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys() and \
+                all(alike(a[k], b[k]) for k in a)
+        return tuple(getattr(a, "shape", ())) == tuple(getattr(b, "shape", ())) and \
+            hasattr(a, "shape") and hasattr(b, "shape")
+
+    def holds(node):
+        return isinstance(node, dict) and (alike(node, params) or
+                                           any(holds(v) for v in node.values()))
+
+    return holds(state_dict["opt_state"])
 
 
 def config_differences(saved: dict, current: dict, ignore=()) -> list[str]:
