@@ -1,13 +1,18 @@
 """`algos/a2c.py`: bad values, the loss against a hand computation of the n-step
-advantage, and `norm_adv` reaching the loss `learn` steps. What all three algorithms share
-(shapes, determinism, sweeps, learning, the CLI) is checked in `tests/test_algorithms.py`."""
+advantage, `norm_adv` reaching the loss `learn` steps, and one whole update (`update_step`,
+with the recurrent bootstrap `next_values`) against a reference. What all three algorithms
+share (shapes, determinism, sweeps, learning, the CLI) is checked in
+`tests/test_algorithms.py`."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from algos.a2c import Config, a2c_loss, main
+from common.rollout import rollout
+from helpers import tiny_run
 
 
 def n_step_returns(r, v_tp1, terminated, truncated, gamma):
@@ -128,6 +133,113 @@ def test_learn_hands_norm_adv_to_the_loss_it_steps():
                       jax.random.normal(k[2], (n,)))
     info = jax.jit(train.learn, static_argnums=3)(state, config.hparams(), data, 0)[2]
     np.testing.assert_allclose(info.policy_loss, -log_prob.std(), rtol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# One update of make_train against a reference
+# --------------------------------------------------------------------------------------------
+def stepped_next_values(network, params, hidden, traj):
+    """V(s'_t) [T, N] of every step's next observation, the network stepped one observation
+    at a time from the state `hidden` stored at the rollout's start: the recurrent state
+    carried from step to step (reset where `first`), and from the state after s_t one step
+    further on s'_t, without a reset (the episode goes on past s_t)."""
+    step = jax.jit(lambda h, obs, first: network.apply(params, obs[None], h, first[None]))
+    values = []
+    for t in range(traj.obs.shape[0]):
+        hidden = step(hidden, traj.obs[t], traj.first[t])[2][0]
+        values.append(step(hidden, traj.next_obs[t], jnp.zeros_like(traj.first[t]))[1][0])
+    return np.stack(values).astype(np.float64)
+
+
+def replayed_rollout(run):
+    """`replay(state) -> (key, env_state, trajectory)`: the rollout `update_step` collects
+    from `state` (the file's policy, the same key) and the key it carries on."""
+    env, env_params, spec = run.train.env
+
+    @jax.jit
+    def replay(state):
+        key, key_rollout = jax.random.split(state.key)
+        return (key,) + rollout(env, env_params, spec, run.train.policy(state.params,
+                                                                        state.obs_stats),
+                                state.env, key_rollout, run.config.num_steps,
+                                run.config.fresh_starts)
+
+    return replay
+
+
+@pytest.mark.parametrize("network", ["auto", "gru", "lstm"])
+def test_update_step_is_one_rmsprop_step_on_the_n_step_loss_of_its_rollout(network):
+    """One update of `run_updates` (A2C's `update_step`), the first after 3 whose rollout
+    holds an episode's end and a new start, against a reference written here: the rollout
+    replayed with the file's policy and the update's key; n-step returns (`gae_lambda = 1`)
+    from the NumPy loop above, bootstrapped from V(s'_t), for a recurrent core by stepping
+    the network from the stored start state (`stepped_next_values`, which `next_values`
+    must equal); the gradient of -mean[A log pi(a|s)] + vf_coef 0.5 mean[(G - V)^2]
+    - ent_coef mean[H] written with `log_softmax`; then PyTorch's RMSprop step in NumPy,
+    from the optimiser's average of squared gradients (some updates old, so the step's size
+    follows the gradient's, not only its sign) after clipping by global norm. The reported
+    losses match too. The entropy bonus is on (ent_coef 0.01, traced: the same program)."""
+    run = tiny_run("a2c", network)
+    config, hp = run.config, run.hp._replace(ent_coef=jnp.float32(0.01))
+    recurrent = config.recurrent
+    state, replay = run.init(run.keys[0], hp), replayed_rollout(run)
+    for update in range(config.num_updates - 1):
+        key, env_state, traj = replay(state)
+        if update >= 3 and np.asarray(traj.terminated | traj.truncated)[:-1].any():
+            break
+        state = run.run_updates(state, hp, jnp.array([update]))[0]
+    assert np.asarray(traj.terminated | traj.truncated)[:-1].any()  # an episode ends inside
+    new, metrics = run.run_updates(state, hp, jnp.array([update]))
+    np.testing.assert_array_equal(new.key, key)
+    for got, want in zip(jax.tree.leaves(new.env), jax.tree.leaves(env_state), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)  # the update's rollout
+
+    f64 = lambda x: np.asarray(x, np.float64)  # noqa: E731
+    net = run.module.ActorCritic(run.train.env[2], config.hidden_size, config.activation, False,
+                                 config.core)
+    if recurrent:
+        v_tp1 = stepped_next_values(net, state.params, state.env.hidden, traj)
+        np.testing.assert_allclose(jax.jit(run.train.next_values)(
+            state.params, traj.next_obs, traj.policy_info.memory), v_tp1, rtol=1e-5, atol=1e-6)
+        reset = jax.jit(net.apply)(state.params, traj.next_obs, state.env.hidden,
+                                        jnp.ones_like(traj.first))[1]  # from a fresh state
+        assert np.abs(reset - v_tp1).max() > 1e-3  # another value: the state matters
+    else:
+        v_tp1 = f64(jax.jit(net.apply)(state.params, traj.next_obs)[1])
+    r, term, trunc = f64(traj.reward), np.asarray(traj.terminated), np.asarray(traj.truncated)
+    G = np.stack([n_step_returns(r[:, n], v_tp1[:, n], term[:, n], trunc[:, n], config.gamma)
+                  for n in range(config.num_envs)], axis=1)
+    A = G - f64(traj.policy_info.value)
+
+    def loss(params):
+        pi, value, _ = net.apply(params, traj.obs, state.env.hidden, traj.first) \
+            if recurrent else net.apply(params, traj.obs)
+        log_pi = jax.nn.log_softmax(pi.logits)
+        log_pi_a = jnp.take_along_axis(log_pi, traj.action[..., None], axis=-1)[..., 0]
+        entropy = -(jnp.exp(log_pi) * log_pi).sum(-1).mean()
+        value_loss = 0.5 * jnp.mean((jnp.float32(G) - value) ** 2)
+        policy_loss = -jnp.mean(jnp.float32(A) * log_pi_a)
+        total = policy_loss + config.vf_coef * value_loss - 0.01 * entropy
+        return total, (value_loss, policy_loss, entropy)
+
+    grads, losses = jax.jit(jax.grad(loss, has_aux=True))(state.params)
+    for name, want in zip(("value_loss", "policy_loss", "entropy"), losses):
+        np.testing.assert_allclose(metrics[name][0], want, rtol=1e-5, err_msg=name)
+
+    g = [f64(x) for x in jax.tree.leaves(grads)]
+    norm = np.sqrt(sum((x ** 2).sum() for x in g))
+    g = [x * min(1.0, config.max_grad_norm / norm) for x in g]
+    rms = state.opt_state[1][0]
+    assert isinstance(rms, optax.ScaleByRmsState)
+    nu = [config.rms_decay * f64(n) + (1 - config.rms_decay) * x ** 2
+          for n, x in zip(jax.tree.leaves(rms.nu), g, strict=True)]
+    want = [f64(p) - config.learning_rate * x / (np.sqrt(n) + config.opt_eps)
+            for p, x, n in zip(jax.tree.leaves(state.params), g, nu, strict=True)]
+    for got, w, p in zip(jax.tree.leaves(new.params), want, jax.tree.leaves(state.params)):
+        assert np.abs(f64(got) - f64(p)).max() > 1e-4  # a step, which the reference
+        np.testing.assert_allclose(got, w, rtol=1e-6, atol=1e-7)  # matches to rounding
+    for got, w in zip(jax.tree.leaves(new.opt_state[1][0].nu), nu, strict=True):
+        np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-12)
 
 
 # --------------------------------------------------------------------------------------------
