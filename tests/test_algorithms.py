@@ -17,6 +17,7 @@ import glob
 import importlib
 import io
 import os
+import re
 import subprocess
 import sys
 import time
@@ -301,11 +302,13 @@ def run_cli(algo, args, **env):
 def test_cli_trains_logs_evaluates_and_summarises(algo, tmp_path):
     """Two seeds: a progress line, the summary, one run directory per seed with the default
     experiment name (the algorithm's), TensorBoard events with the evaluation's return, and
-    both compiled programs (init and a chunk of updates) in the persistent cache, so that a
-    second identical command skips compiling them."""
-    result = run_cli(algo, CLI_STEPS[algo] + ["--num-seeds", "2", "--eval-every", "10",
-                                              "--log-dir", str(tmp_path / "runs")],
-                     ONPOLICY_JAX_CACHE=str(tmp_path / "cache"))
+    both compiled programs (init and a chunk of updates) in the persistent cache. For A2C
+    (the cache is the host's, the same for the three files; A2C's run is the cheapest) a
+    second identical command then compiles nothing: JAX reports (`JAX_LOG_COMPILES`,
+    `JAX_EXPLAIN_CACHE_MISSES`) a persistent-cache hit for both programs and not one miss."""
+    args = CLI_STEPS[algo] + ["--num-seeds", "2", "--eval-every", "10",
+                              "--log-dir", str(tmp_path / "runs")]
+    result = run_cli(algo, args, ONPOLICY_JAX_CACHE=str(tmp_path / "cache"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"[{algo} CartPole-v1] step" in result.stdout and "SPS" in result.stdout
     assert f"done: {algo.upper()} on CartPole-v1, 2 run(s)" in result.stdout, result.stdout
@@ -320,6 +323,13 @@ def test_cli_trains_logs_evaluates_and_summarises(algo, tmp_path):
     cached = os.listdir(tmp_path / "cache")
     for program in ("jit_init-", "jit_run_updates-"):
         assert any(name.startswith(program) for name in cached), (program, cached)
+    if algo == "a2c":
+        again = run_cli(algo, args, ONPOLICY_JAX_CACHE=str(tmp_path / "cache"),
+                        JAX_LOG_COMPILES="1", JAX_EXPLAIN_CACHE_MISSES="1")
+        assert again.returncode == 0, again.stderr[-3000:]
+        hits = set(re.findall(r"Persistent compilation cache hit for '(\w+)'", again.stderr))
+        misses = re.findall(r"PERSISTENT COMPILATION CACHE MISS for '(\w+)'", again.stderr)
+        assert {"jit_init", "jit_run_updates"} <= hits and not misses, (sorted(hits), misses)
 
 
 @pytest.mark.parametrize("algo", ALGOS)
