@@ -103,7 +103,7 @@ def main(argv=None):
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
 
-    env, env_params, spec = train.env
+    env, env_params, spec = train.env  # make_env's, as the run trained: none built here
     keys = jax.random.split(jax.random.PRNGKey(args.seed), len(seeds))
     returns, lengths = jax.jit(jax.vmap(
         lambda s, k: evaluate(partial(train.act, s), env, env_params, spec, k, args.episodes,

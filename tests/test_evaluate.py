@@ -101,6 +101,25 @@ def test_entry_point_reports_the_same_returns_twice(tmp_path, capsys, cartpole):
     assert f"mean return over 2 run(s): {np.mean(first):.2f}" in out
 
 
+def test_entry_point_plays_the_environment_make_train_made(tmp_path, monkeypatch, capsys):
+    """The entry point builds no environment of its own: it plays `train.env`, the one the
+    algorithm's `make_train` got from `common.envs.make_env` with the saved config's id and
+    Brax pipeline, as the run trained on."""
+    import algos.evaluate as entry
+    import algos.ppo as ppo
+
+    path = save_initial(tmp_path / "run.msgpack", "ppo")
+    made, played = [], []
+    make_env, play = ppo.make_env, entry.evaluate
+    monkeypatch.setattr(ppo, "make_env", lambda *args: made.append((args, make_env(*args))) or
+                        made[-1][1])
+    monkeypatch.setattr(entry, "evaluate", lambda act, env, *args, **kwargs: played.append(env)
+                        or play(act, env, *args, **kwargs))
+    main([path, "--episodes", "2"])
+    assert [args for args, _ in made] == [("CartPole-v1", "positional")]
+    assert played and all(env is made[0][1][0] for env in played)
+
+
 def test_entry_point_saves_a_gif_of_one_episode(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     pytest.importorskip("seaborn")  # gymnax's MinAtar renderer imports it
