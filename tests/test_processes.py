@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 
+import jax
 import numpy as np
 import pytest
 
@@ -18,13 +19,42 @@ pytestmark = pytest.mark.subprocess  # every test here starts Python processes
 
 
 # ------------------------------------------------------------------ several processes
+DUMPING_PARAMETERS = """
+import sys
+
+import jax
+import numpy as np
+
+from algos.ppo import main
+from common.host import output
+
+folder, same_everywhere = sys.argv.pop(1), output.same_everywhere
+
+
+def dumped(params, replicated):  # this process's copies, before the processes compare them
+    np.savez(f"{folder}/params-{jax.process_index()}.npz",
+             *[np.asarray(leaf.addressable_shards[0].data) for leaf in jax.tree.leaves(params)])
+    return same_everywhere(params, replicated)
+
+
+output.same_everywhere = dumped
+main()
+"""
+"""`algos/ppo.py` that also saves, at the end, each process's own copy of the parameters
+(the first of its devices') to `{folder}/params-{process}.npz`: `python -c` this, the folder,
+then the flags."""
+
+
 @pytest.mark.parametrize("parallel", ["seeds", "data"])
 def test_two_processes_on_localhost(parallel, tmp_path):
     """Seeds: 2 devices per process, so each process runs one program per device, its parts
-    of global arrays that span both processes; data: 1 device per process."""
+    of global arrays that span both processes; data: 1 device per process, and the two
+    processes' copies of the parameters are compared here, bitwise, with each other and with
+    the checkpoint (not only by the command line's own check)."""
     devices = 2 if parallel == "seeds" else 1
     p0, p1 = cli(SHORT + ["--parallel", parallel, "--num-seeds", str(2 * devices)],
-                 processes=2, devices=devices, log_dir=tmp_path)
+                 processes=2, devices=devices, log_dir=tmp_path / "runs",
+                 program=("-c", DUMPING_PARAMETERS, str(tmp_path)))
     for r in (p0, p1):
         assert r.returncode == 0, r.stderr[-3000:]
     assert f"on {2 * devices} device(s), parallel {parallel}, 2 processes" in p0.stdout, \
@@ -32,17 +62,25 @@ def test_two_processes_on_localhost(parallel, tmp_path):
     assert "done:" not in p1.stdout  # only process 0 logs and writes
     # Every process compared its devices' copies of the parameters with process 0's.
     assert "parameters identical on all 2 processes" in p0.stdout, p0.stdout
-    record = final_state(tmp_path)
+    record = final_state(tmp_path / "runs")
     assert record["update"] == 8
+    if parallel == "data":  # the same parameters, bit for bit, on both and in the checkpoint
+        saved = jax.tree.leaves(record["train_state"]["params"])
+        ours, theirs = (np.load(tmp_path / f"params-{i}.npz") for i in (0, 1))
+        assert len(ours.files) == len(theirs.files) == len(saved) > 0
+        for name, checkpointed in zip(ours.files, saved):
+            a, b = ours[name], theirs[name]
+            assert a.dtype == b.dtype == checkpointed.dtype and \
+                a.tobytes() == b.tobytes() == checkpointed.tobytes(), name
     if parallel == "seeds":  # each seed computed as one process computes it, to rounding
         reference = python_api_metrics(SHORT + ["--num-seeds", "4"])
         for name in ("episodic_return", "value_loss", "approx_kl"):
             np.testing.assert_allclose(record["metrics"][name], reference[name], rtol=1e-4,
                                        atol=1e-5, err_msg=name)
     if parallel == "seeds":  # resumed alone: the saved process options are not inherited
-        (path,) = glob.glob(str(tmp_path / "*" / "latest.msgpack"))
+        (path,) = glob.glob(str(tmp_path / "runs" / "*" / "latest.msgpack"))
         (alone,) = cli(["--resume", path], seconds=60, devices=2,
-                       log_dir=tmp_path)
+                       log_dir=tmp_path / "runs")
         assert alone.returncode == 0, alone.stderr[-2000:]
         assert "nothing to do" in alone.stdout and "is at update 8 of 8" in alone.stdout
 

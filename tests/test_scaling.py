@@ -58,9 +58,10 @@ def run(command, seconds, **kwargs):
     return result
 
 
-def cli(args, seconds=180, processes=1, devices=None, log_dir=None):
-    """Run `algos/ppo.py` in `processes` coordinated processes; the CompletedProcess of each."""
-    base = [sys.executable, "algos/ppo.py", *args, "--log-dir", str(log_dir)]
+def cli(args, seconds=180, processes=1, devices=None, log_dir=None, program=("algos/ppo.py",)):
+    """Run `algos/ppo.py` (or Python's arguments `program` that run it) in `processes`
+    coordinated processes; the CompletedProcess of each."""
+    base = [sys.executable, *program, *args, "--log-dir", str(log_dir)]
     if processes == 1:
         return [run(base, seconds, env=env(devices))]
     address = f"127.0.0.1:{free_port()}"
