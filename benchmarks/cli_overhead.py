@@ -83,6 +83,7 @@ def bare(algo: str, args: list[str], chunk_loop: bool = False) -> dict:
     if chunk_loop:  # the command line's chunks called back to back, with no host work at all
         session = cli.start_or_resume(algo, config, run, train)
         run_chunk, _, chunk = cli.compile_programs(session)
+        cli.first_state(session)  # a fresh run's state, once its program is compiled
         state, start = session.state, time.perf_counter()
         for begin in range(0, config.num_updates, chunk):  # the last may be shorter
             updates = layout.put(np.arange(begin, min(begin + chunk, config.num_updates),

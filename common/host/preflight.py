@@ -1,8 +1,9 @@
 """What a command-line run checks before anything compiles, each failure one line and exit
 status 2: the processes were started alike (`agree_across_processes`), the training state fits
-in memory (`check_fits_in_memory`; an out-of-memory error later is one line too,
-`out_of_memory_is_one_line`), the run directories can be claimed (`claim_run_dirs`) or, resumed,
-written again (`reopen_run_dirs`), and a checkpoint to resume is of this run (`resume`).
+in memory (`check_fits_in_memory`; XLA running out of memory later is one line too, and exit
+status 1: `out_of_memory_is_one_line`), the run directories can be claimed (`claim_run_dirs`)
+or, resumed, written again (`reopen_run_dirs`), and a checkpoint to resume is of this run
+(`resume`).
 """
 
 import contextlib
