@@ -80,15 +80,13 @@ class TempFiles:
     """The temporary files of a writer's checkpoint writes in progress, which a process that
     must stop at once removes (`abandon`).
 
-    The command line's writer thread owns one (`session.CheckpointWriter`), and a second
-    signal's handler abandons it from the main thread, between any two steps of the writer's.
-    The two meet under one lock: every step that gives a temporary file its name (`create`,
-    `link`) checks the flag and runs under it, and `abandon` sets the flag and removes the
-    files under it. So when `abandon` returns, no temporary file is left and none is made
-    again (the write itself opens its file without creating it, `_write`), none becomes a
-    checkpoint (its rename finds no file), and the writer's next step raises (`Abandoned`,
-    or `FileNotFoundError`). Re-entrant: a third signal's handler can run inside the second's
-    `abandon`, on the same thread."""
+    The command line's writer thread owns one (`session.CheckpointWriter`); a second signal's
+    handler abandons it from the main thread, between any two of the writer's steps. Each step
+    that gives a temporary file its name (`create`, `link`) checks the flag under one lock,
+    under which `abandon` sets it and removes the files: once `abandon` returns no temporary
+    file is left or made again (`_write` opens its file without creating it), none becomes a
+    checkpoint (its rename finds no file), and the writer's next step raises. Re-entrant: a
+    third signal's handler can run inside the second's `abandon`, on the same thread."""
 
     def __init__(self):
         self.lock = threading.RLock()
@@ -122,8 +120,7 @@ class TempFiles:
                 return False
 
     def discard(self, tmp: str):
-        """Forget `tmp`, removed first if it is still there (a write that failed; renamed, it
-        is not)."""
+        """Forget `tmp`, removed first if still there (a write that failed, not one renamed)."""
         with self.lock:
             self.files.discard(tmp)
             if os.path.exists(tmp):
@@ -479,17 +476,13 @@ def _on_the_parameter_tree(state_dict) -> bool:
     if not isinstance(state_dict, dict) or not {"params", "opt_state"} <= set(state_dict):
         return False
     params = state_dict["params"]
-
-    def alike(a, b):
-        if isinstance(a, dict) or isinstance(b, dict):
-            return isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys() and \
-                all(alike(a[k], b[k]) for k in a)
-        return tuple(getattr(a, "shape", ())) == tuple(getattr(b, "shape", ())) and \
-            hasattr(a, "shape") and hasattr(b, "shape")
+    shapes = [np.shape(x) for x in jax.tree.leaves(params)]
 
     def holds(node):
-        return isinstance(node, dict) and (alike(node, params) or
-                                           any(holds(v) for v in node.values()))
+        return isinstance(node, dict) and (
+            jax.tree.structure(node) == jax.tree.structure(params)
+            and [np.shape(x) for x in jax.tree.leaves(node)] == shapes
+            or any(holds(v) for v in node.values()))
 
     return holds(state_dict["opt_state"])
 
