@@ -80,6 +80,70 @@ def pytest_configure(config):
     if jax.default_backend() != "cpu":
         jax.config.update("jax_default_matmul_precision", "highest")
     _guard_python_children()
+    if PROFILE:
+        jax.monitoring.register_event_duration_secs_listener(_count_compile)
+
+
+# ------------------------------------------------------------------ the suite's own profile
+PROFILE = os.environ.get("ONPOLICY_TEST_PROFILE")
+"""A file: each test appends one JSON line, its wall and CPU seconds (its own process's and
+the Python processes it started), and the seconds and number of the programs it traced,
+lowered and compiled in-process (JAX's monitoring events). At the end pytest prints the
+costliest files and tests. `ONPOLICY_TEST_PROFILE=/tmp/p.jsonl python -m pytest -q`:
+CPU seconds, unlike wall seconds, hardly change when the machine is busy (docs/testing.md)."""
+_COMPILE = {"trace": 0.0, "lower": 0.0, "compile": 0.0, "programs": 0}
+_STAGES = {"/jax/core/compile/jaxpr_trace_duration": "trace",
+           "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+           "/jax/core/compile/backend_compile_duration": "compile"}
+
+
+def _count_compile(event, seconds, **_):
+    stage = _STAGES.get(event)
+    if stage:
+        _COMPILE[stage] += seconds
+        _COMPILE["programs"] += stage == "compile"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not PROFILE:
+        yield
+        return
+    import json
+    import time
+    before, start, compiled = os.times(), time.perf_counter(), dict(_COMPILE)
+    yield
+    after = os.times()
+    row = {"test": item.nodeid, "wall": time.perf_counter() - start,
+           "cpu": after.user + after.system - before.user - before.system,
+           "children": after.children_user + after.children_system
+           - before.children_user - before.children_system,
+           **{k: _COMPILE[k] - compiled[k] for k in _COMPILE}}
+    with open(PROFILE, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """With `ONPOLICY_TEST_PROFILE`: the files and the 25 tests that cost most CPU time."""
+    if not PROFILE or not os.path.exists(PROFILE) or hasattr(terminalreporter.config,
+                                                             "workerinput"):
+        return
+    import collections
+    import json
+    rows = [json.loads(line) for line in open(PROFILE)]
+    files = collections.defaultdict(lambda: collections.Counter())
+    for r in rows:
+        files[r["test"].split("::")[0]].update(
+            {k: r[k] for k in ("wall", "cpu", "children", "compile", "programs")})
+    write = terminalreporter.write_line
+    write(f"{'CPU s':>8} {'children':>8} {'compile':>8} {'programs':>8} {'wall s':>8}  file")
+    for name, c in sorted(files.items(), key=lambda kv: -(kv[1]["cpu"] + kv[1]["children"])):
+        write(f"{c['cpu']:8.1f} {c['children']:8.1f} {c['compile']:8.1f} {c['programs']:8d} "
+              f"{c['wall']:8.1f}  {name}")
+    write(f"{sum(c['cpu'] + c['children'] for c in files.values()):8.1f} CPU s in all")
+    for r in sorted(rows, key=lambda r: -(r["cpu"] + r["children"]))[:25]:
+        write(f"{r['cpu']:8.1f} {r['children']:8.1f} {r['compile']:8.1f} {r['programs']:8d} "
+              f"{r['wall']:8.1f}  {r['test']}")
 
 
 _TEST = {}  # the test being set up, run or torn down in this process
