@@ -1,15 +1,17 @@
 """Checkpoints and exact resume (`common/host/checkpoint.py`, `common/host/cli.py`), through PPO's CLI.
 
-One small config (520 tiny updates, 2 seeds: 8 chunks of 64, then a last, shorter chunk of 8
-with its own compiled program) is trained once uninterrupted in this process; every other run here (interrupted by SIGINT in-process, killed by SIGKILL in a
-subprocess, then resumed) must end with the same training state and metrics, bitwise. They
-share one compiled chunk through the session's persistent compilation cache (conftest).
+One small config (66 tiny updates, 2 seeds: 8 chunks of 8, then a last, shorter chunk of 2
+with its own compiled program) is trained once uninterrupted in this process; every other run
+here (interrupted by SIGINT in-process, killed by SIGKILL in a subprocess, then resumed) must
+end with the same training state and metrics, bitwise. They share one compiled chunk through
+the session's persistent compilation cache (conftest).
 """
 
 import glob
 import hashlib
 import importlib
 import os
+import queue
 import signal
 import struct
 import subprocess
@@ -29,11 +31,11 @@ from common.host import checkpoint, cli, flags, logger, session
 from helpers import record_progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ARGS = ["--env-id", "CartPole-v1", "--total-timesteps", "66560", "--num-envs", "4",
+ARGS = ["--env-id", "CartPole-v1", "--total-timesteps", "8448", "--num-envs", "4",
         "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1", "--num-seeds", "2",
-        "--checkpoint-every", "128", "--eval-every", "128", "--eval-episodes", "4",
+        "--checkpoint-every", "16", "--eval-every", "16", "--eval-episodes", "4",
         "--num-devices", "1"]  # bitwise comparisons need one layout (2 seeds on 1 device)
-NUM_UPDATES = 520  # 8 chunks of 64 and one of 8: cli.chunk_size(520, 128, 128, steps_per_update=256)
+NUM_UPDATES = 66  # 8 chunks of 8 and one of 2: cli.chunk_size(66, 16, 16, steps_per_update=256)
 
 
 def latest(log_dir) -> str:
@@ -100,9 +102,9 @@ def reference(tmp_path_factory):
 def test_cli_run_equals_all_updates_in_one_call_and_logs_evaluations(reference):
     metrics, record = reference
     assert metrics["global_step"].shape == (2, NUM_UPDATES)
-    # Evaluations ran at updates 128, 256, 384, 512 (rows 127, ...) and at the end, 520.
+    # Evaluations ran at updates 16, 32, 48, 64 (rows 15, ...) and at the end, 66.
     evaluated = np.isfinite(metrics["eval_return"][0])
-    np.testing.assert_array_equal(np.flatnonzero(evaluated), [127, 255, 383, 511, 519])
+    np.testing.assert_array_equal(np.flatnonzero(evaluated), [15, 31, 47, 63, 65])
     assert (metrics["eval_return"][:, evaluated] >= 8).all()
 
     # The same as `train.init` then all the updates in one call. (Not bitwise the same as
@@ -123,7 +125,7 @@ def test_cli_run_equals_all_updates_in_one_call_and_logs_evaluations(reference):
 def test_interrupted_in_process_and_resumed_equals_uninterrupted(reference, tmp_path,
                                                                  monkeypatch, capsys):
     # Ctrl-C arrives while the 5th chunk's progress is printed: the run finishes that chunk,
-    # writes a checkpoint at update 5 * 64 = 320 (between the periodic ones at 256 and 384)
+    # writes a checkpoint at update 5 * 8 = 40 (between the periodic ones at 32 and 48)
     # and exits with 130.
     record_progress(monkeypatch, interrupt_after=6)  # the step-0 report, then one per chunk
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN when pytest was started in background
@@ -132,9 +134,9 @@ def test_interrupted_in_process_and_resumed_equals_uninterrupted(reference, tmp_
     assert exit_info.value.code == 130
     path = latest(tmp_path)
     out = capsys.readouterr()
-    assert f"interrupted at update 320 of {NUM_UPDATES}; checkpoint: {path}" in out.out
+    assert f"interrupted at update 40 of {NUM_UPDATES}; checkpoint: {path}" in out.out
     assert "SIGINT: saving the last complete update and stopping" in out.err
-    assert checkpoint.load(path)["update"] == 320
+    assert checkpoint.load(path)["update"] == 40
     assert signal.getsignal(signal.SIGINT) is before  # the previous handler is restored
 
     # TensorBoard was written as training went: every update up to the interruption that
@@ -142,14 +144,14 @@ def test_interrupted_in_process_and_resumed_equals_uninterrupted(reference, tmp_
     run_dir = os.path.dirname(path)
     (before,) = tensorboard_files(run_dir)
     finished = np.flatnonzero(np.isfinite(reference[0]["episodic_return"][0]))
-    assert returns_logged(before) == [128 * (1 + u) for u in finished if u < 320]  # 4 x 32
+    assert returns_logged(before) == [128 * (1 + u) for u in finished if u < 40]  # 4 x 32
 
     monkeypatch.undo()
     steps = record_progress(monkeypatch)
     metrics = main(["--resume", path])  # every other flag comes from the checkpoint
     assert_same_run(metrics, checkpoint.load(path), reference)
-    # It went on from update 320: chunks ending at 384, 448, 512, then the last one at 520.
-    assert steps == [u * 128 for u in (320, 384, 448, 512, NUM_UPDATES)], steps
+    # It went on from update 40: chunks ending at 48, 56, 64, then the last one at 66.
+    assert steps == [u * 128 for u in (40, 48, 56, 64, NUM_UPDATES)], steps
     # The resumed run's file starts by purging what the first process wrote (a SessionLog
     # START at step 0: TensorBoard hides older events from step 0 on), then logs every
     # update once, the saved ones included.
@@ -161,32 +163,71 @@ def test_interrupted_in_process_and_resumed_equals_uninterrupted(reference, tmp_
                                   128 * (1 + np.flatnonzero(finished)))
 
 
-@pytest.mark.subprocess
-def test_sigkill_during_a_run_then_resume_completes_identically(reference, tmp_path):
-    command = [sys.executable, "algos/ppo.py", *ARGS, "--log-dir", str(tmp_path)]
-    run = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while not glob.glob(str(tmp_path / "*" / checkpoint.LATEST)):
-        assert run.poll() is None, run.stderr.read()[-3000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    run.kill()
-    run.wait()
-    assert run.returncode == -signal.SIGKILL, "the run ended before it could be killed"
-    path = latest(tmp_path)
-    killed_at = checkpoint.load(path)["update"]  # whatever the moment, the file is whole
-    assert killed_at % 128 == 0 and 0 < killed_at < NUM_UPDATES
+KILLED_MID_WRITE = """
+import os
+import time
 
-    result = subprocess.run([sys.executable, "algos/ppo.py", "--resume", path], cwd=ROOT,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "done: PPO on CartPole-v1, 2 run(s)" in result.stdout
-    # It went on from the checkpoint: its first progress line is at the saved update.
-    first = next(line for line in result.stdout.splitlines() if "] step " in line)
-    assert f"step {killed_at * 128:>12,}/{NUM_UPDATES * 128:,} " in first, first
+from algos.ppo import main
+from common.host import checkpoint
+
+write, calls = checkpoint._write, []
+
+
+def half_then_wait(tmp, data):  # the second checkpoint: half its bytes, then wait for SIGKILL
+    calls.append(tmp)
+    if len(calls) < 2:
+        return write(tmp, data)
+    with open(os.open(tmp, os.O_WRONLY), "wb") as f:
+        f.write(data[: len(data) // 2])
+        f.flush()
+    print("KILL ME: half of the second checkpoint written", flush=True)
+    time.sleep(300)
+
+
+checkpoint._write = half_then_wait
+main()
+"""
+"""`algos/ppo.py` whose writer thread stops halfway through writing its second checkpoint's
+file (update 32 of ARGS), says so on stdout and waits there to be killed: `python -c` this,
+then the flags. Training goes on meanwhile on the main thread."""
+
+
+@pytest.mark.subprocess
+def test_sigkill_during_a_run_then_resume_completes_identically(reference, tmp_path,
+                                                                 monkeypatch, capsys):
+    """SIGKILL (no handler runs) while the run writes a checkpoint, half of its bytes on disk:
+    the checkpoint before it (update 16) is whole and in place, the half-written file beside it
+    under a temporary name, and resumed from there the run ends as the uninterrupted one."""
+    run = subprocess.Popen([sys.executable, "-c", KILLED_MID_WRITE, *ARGS, "--log-dir",
+                            str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in run.stdout] + [lines.put(None)],
+                     daemon=True).start()
+    try:
+        deadline, seen = time.monotonic() + 300, []
+        while not seen or not seen[-1].startswith("KILL ME"):
+            line = lines.get(timeout=max(1.0, deadline - time.monotonic()))
+            assert line is not None, "".join(seen) + run.stderr.read()[-3000:]
+            seen.append(line)
+        run.kill()
+        run.wait(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == -signal.SIGKILL
+    path = latest(tmp_path)
+    assert checkpoint.load(path)["update"] == 16  # the last whole one, in its place
+    (half,) = glob.glob(os.path.join(os.path.dirname(path), ".tmp-*"))
+    assert 0 < os.path.getsize(half) < os.path.getsize(path)  # the killed write's own file
+
+    steps = record_progress(monkeypatch)
+    metrics = main(["--resume", path])
+    assert "done: PPO on CartPole-v1, 2 run(s)" in capsys.readouterr().out
+    assert steps[0] == 16 * 128, steps  # it went on from the checkpoint
     record = checkpoint.load(path)
-    assert_same_run(record["metrics"], record, reference)
+    assert_same_run(metrics, record, reference)
 
 
 def test_non_finite_loss_stops_training_with_a_clear_message(tmp_path, capsys):
@@ -206,9 +247,9 @@ def test_non_finite_parameter_keeps_the_last_good_checkpoint(tmp_path, capsys):
     train = make_train(config)
     run_updates = train.run_updates
 
-    def poisoned(state, hparams, updates):  # parameters turn NaN in the chunk of update 200
+    def poisoned(state, hparams, updates):  # parameters turn NaN in the chunk of update 44
         state, metrics = run_updates(state, hparams, updates)
-        nan = jnp.where(updates[-1] >= 200, jnp.nan, 0.0)
+        nan = jnp.where(updates[-1] >= 44, jnp.nan, 0.0)
         return state._replace(params=jax.tree.map(lambda p: p + nan, state.params)), metrics
 
     train.run_updates = poisoned
@@ -218,10 +259,10 @@ def test_non_finite_parameter_keeps_the_last_good_checkpoint(tmp_path, capsys):
     path = latest(tmp_path)
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: non-finite parameter ['params']") and \
-        "in update 256 (global step 32,768, seed 1)" in err, err  # the chunk 192-255
-    assert err.endswith(f"Last good checkpoint: {path} (update 128)."), err
+        "in update 48 (global step 6,144, seed 1)" in err, err  # the chunk 40-47
+    assert err.endswith(f"Last good checkpoint: {path} (update 32)."), err
     record = checkpoint.load(path)
-    assert record["update"] == 128
+    assert record["update"] == 32
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(record["train_state"]))
 
 
@@ -409,7 +450,7 @@ def test_chunk_size_divides_the_cadences_and_the_resume_point_and_the_run_where_
     assert cli.chunk_size(6250, steps_per_update=8 * 80) == 625  # 10 chunks of 400k steps
     assert cli.chunk_size(6250, steps_per_update=32 * 80) == 250  # 16M steps: 25 chunks
     assert cli.chunk_size(976, steps_per_update=512) == 122  # 5e5 steps: 8 chunks
-    assert cli.chunk_size(NUM_UPDATES, 128, 128, steps_per_update=256) == 64  # ARGS' chunks
+    assert cli.chunk_size(NUM_UPDATES, 16, 16, steps_per_update=256) == 8  # ARGS' chunks
     # A cadence as long as the run or longer never falls inside it: it constrains nothing
     # (it made 3906 updates run as 3906 chunks of one).
     assert cli.chunk_size(3906, 4001, 3906, steps_per_update=512) == \
@@ -420,6 +461,9 @@ def test_chunk_size_divides_the_cadences_and_the_resume_point_and_the_run_where_
                                            ("ppo", "gru")])
 def test_a2c_impala_and_recurrent_networks_resume_exactly_too(algo, network, tmp_path,
                                                               monkeypatch):
+    """The run's kept previous checkpoint (update 24 of 32), resumed, trains the last updates
+    again into the same state and metrics, bitwise: every part of these algorithms' state (a
+    recurrent core's state of every environment among them) is in the checkpoint."""
     main = importlib.import_module(f"algos.{algo}").main
     args = ["--total-timesteps", "2560", "--num-envs", "4", "--num-steps", "20",
             "--checkpoint-every", "8", "--num-seeds", "2"]  # 32 updates, chunks of 4
@@ -427,23 +471,20 @@ def test_a2c_impala_and_recurrent_networks_resume_exactly_too(algo, network, tmp
         args += ["--network", network, "--hidden-size", "16", "--env-id", "MaskedCartPole-v1"]
     if algo == "ppo":
         args += ["--num-minibatches", "2", "--update-epochs", "2"]
-    reference = main(args + ["--log-dir", str(tmp_path / "reference")])
-    record_progress(monkeypatch, interrupt_after=3)
-    with pytest.raises(SystemExit) as exit_info:
-        main(args + ["--log-dir", str(tmp_path / "interrupted")])
-    assert exit_info.value.code == 130
-    monkeypatch.undo()
-    path = latest(tmp_path / "interrupted")
-    saved = checkpoint.load(path)["update"]
-    assert 0 < saved < 32
+    reference = main(args + ["--log-dir", str(tmp_path)])
+    path = latest(tmp_path)
+    theirs = checkpoint.load(path)["train_state"]
+    previous = checkpoint.previous_path(path)
+    assert checkpoint.load(previous)["update"] == 24
     steps = record_progress(monkeypatch)
-    metrics = main(["--resume", path])
-    assert steps == [u * 80 for u in range(saved, 33, 4)], (saved, steps)  # from `saved` on
+    metrics = main(["--resume", previous])  # trains updates 24 to 32 into `path` again
+    assert steps == [u * 80 for u in (24, 28, 32)], steps  # from update 24 on
     for k in reference:
         np.testing.assert_array_equal(metrics[k], reference[k], err_msg=k)
-    ours = checkpoint.load(path)["train_state"]
-    theirs = checkpoint.load(latest(tmp_path / "reference"))["train_state"]
-    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+    record = checkpoint.load(path)
+    assert record["update"] == 32
+    for a, b in zip(jax.tree.leaves(record["train_state"]), jax.tree.leaves(theirs),
+                    strict=True):
         np.testing.assert_array_equal(a, b)
 
 
