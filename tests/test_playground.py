@@ -1,14 +1,14 @@
 """MuJoCo Playground's Control Suite (`playground/<Task>`, `common/playgroundenv.py`) through
 the rollout every algorithm uses: the time limit a truncation with the true final observation,
-every episode a fresh random start (with the pool and without), the actuators' bounds; PPO
-from the command line with a checkpoint, evaluation and an HTML video; and the bad input of
-this extra, one line and exit status 2 before compiling (training from Python:
-`test_playground_train.py`). Skipped where Playground is not installed
+every episode a fresh random start (with the pool and without), the actuators' bounds; PPO's
+command line (its `main`, in this process) with a checkpoint, evaluation and an HTML video;
+and the bad input of this extra, one line and exit status 2 before compiling (training from
+Python: `test_playground_train.py`). The tests share one environment and the rollouts' two
+programs (MJX's programs compile slowly on a CPU). Skipped where Playground is not installed
 (`pip install -e ".[playground]"`; CI installs it).
 """
 
 import functools
-import importlib
 import os
 import subprocess
 import sys
@@ -20,9 +20,12 @@ import pytest
 
 pytest.importorskip("mujoco_playground")
 
-from algos.evaluate import main as evaluate  # noqa: E402
+from mujoco import mjx  # noqa: E402
+
+import algos.evaluate as evaluate_entry  # noqa: E402
+from algos.ppo import main as ppo_main  # noqa: E402
 from common.envs import check_env_id, known_env_ids, make_env  # noqa: E402
-from common.host import checkpoint  # noqa: E402
+from common.host import checkpoint, cli  # noqa: E402
 from common.playgroundenv import PlaygroundEnv, PlaygroundParams  # noqa: E402
 from common.presets import PRESETS  # noqa: E402
 from common.rollout import reset, rollout  # noqa: E402
@@ -41,9 +44,16 @@ def test_on_an_accelerator_make_env_traces_the_step_the_rollout_then_reuses(monk
 
 
 @functools.cache
+def cartpole():
+    """`make_env(TASK)`, made once for the tests that only read it or build programs of it."""
+    return make_env(TASK)
+
+
+@functools.cache
 def cartpole_rollout(fresh_starts):
-    """30 steps of 4 cart-poles with a 7-step time limit and random pushes."""
-    env, _, spec = make_env(TASK)
+    """30 steps of 4 cart-poles with a 7-step time limit and random pushes: `(the first state,
+    the trajectory)`, NumPy arrays."""
+    env, _, spec = cartpole()
     params = PlaygroundParams(max_steps_in_episode=LIMIT)
 
     def policy(key, obs, first, hidden):
@@ -51,16 +61,16 @@ def cartpole_rollout(fresh_starts):
 
     def run(key):
         state = reset(env, params, key, ENVS)
-        return rollout(env, params, spec, policy, state, jax.random.fold_in(key, 1), STEPS,
-                       fresh_starts)
+        return state, rollout(env, params, spec, policy, state, jax.random.fold_in(key, 1),
+                              STEPS, fresh_starts)[1]
 
-    return jax.tree.map(np.asarray, jax.jit(run)(jax.random.PRNGKey(0))), env, params
+    return jax.tree.map(np.asarray, jax.jit(run)(jax.random.PRNGKey(0)))
 
 
 @pytest.mark.parametrize("fresh_starts", [1.0, 0.25])
 def test_the_time_limit_is_a_truncation_with_the_final_observation_and_starts_are_fresh(
         fresh_starts):
-    (_, traj), _, _ = cartpole_rollout(fresh_starts)
+    _, traj = cartpole_rollout(fresh_starts)
     t = np.arange(STEPS)[:, None]
     limit = np.broadcast_to((t + 1) % LIMIT == 0, traj.truncated.shape)
     np.testing.assert_array_equal(traj.truncated, limit)  # nothing goes NaN: no termination
@@ -79,24 +89,23 @@ def test_the_time_limit_is_a_truncation_with_the_final_observation_and_starts_ar
 
 
 def test_the_final_observation_is_what_playgrounds_own_step_reaches():
-    """Step one environment by hand with Playground's `step` (no wrapper) from the rollout's
-    start: every observation and the truncated step's final one agree."""
-    env, _, spec = make_env(TASK)
-    params = PlaygroundParams(max_steps_in_episode=3)
-    action = jnp.full((1, 1), 0.7)
-    state0 = reset(env, params, jax.random.PRNGKey(3), 1)
-    _, traj = jax.jit(lambda s, k: rollout(env, params, spec, lambda key, obs, f, h: (
-        action, (), h), s, k, 3, 0.5))(state0, jax.random.PRNGKey(4))
-    s = jax.tree.map(lambda x: x[0], state0.env_state.mjx)
+    """Step the rollout's first environment by hand with Playground's `step` (no wrapper),
+    from the state the rollout started from and with the pushes it made (clipped to the
+    actuator's range, as the rollout clips them): every observation of its first episode and
+    the truncated 7th step's final one agree."""
+    start, traj = cartpole_rollout(1.0)
+    env, _, spec = cartpole()
+    s = jax.tree.map(lambda x: x[0], start.env_state.mjx)
     step = jax.jit(env.env.step)
-    for t in range(3):
-        s = step(s, action[0])
+    for t in range(LIMIT):
+        s = step(s, np.clip(traj.action[t, 0], spec.action_low, spec.action_high))
         np.testing.assert_allclose(traj.next_obs[t, 0], s.obs, rtol=1e-5, atol=1e-6)
-    assert bool(traj.truncated[2, 0]) and not bool(traj.terminated[2, 0])
+    assert traj.truncated[LIMIT - 1, 0] and not traj.terminated[LIMIT - 1, 0]
+    assert not traj.truncated[:LIMIT - 1, 0].any()
 
 
 def test_spaces_policy_observation_and_presets():
-    env, params, spec = make_env(TASK)
+    env, params, spec = cartpole()
     assert spec.obs_shape == (5,) and not spec.discrete and spec.action_dim == 1
     assert (spec.action_low, spec.action_high) == ((-1.0,), (1.0,))  # actuator_ctrlrange
     assert params.max_steps_in_episode == 1000  # the suite's episode_length
@@ -121,42 +130,54 @@ def test_a_task_this_machine_cannot_make_is_refused_by_name(env_id, message):
         check_env_id(env_id)
 
 
-def run_cli(*args, hide_playground=False, tmp_path=None):
-    code = ("import sys, runpy; "
-            + ("sys.modules['mujoco_playground'] = None; "
-               "import importlib.util as u; find = u.find_spec; "
-               "u.find_spec = lambda n, *a: None if n == 'mujoco_playground' else find(n, *a); "
-               if hide_playground else "")
-            + f"sys.argv = ['algos/ppo.py', *{list(args)!r}]; "
-            "runpy.run_path('algos/ppo.py', run_name='__main__')")
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+@pytest.mark.parametrize("args, message", [
+    (["--env-id", "playground/WalkerWalks"], "error: unknown Playground task 'WalkerWalks'. "
+     "Did you mean playground/WalkerWalk"),
+    (["--env-id", "playground/BerkeleyHumanoidJoystickFlatTerrain"],
+     "error: playground/BerkeleyHumanoidJoystickFlatTerrain is a locomotion task"),
+])
+def test_bad_playground_input_is_one_line_and_exit_2_before_compiling(args, message, capsys,
+                                                                      monkeypatch):
+    """`algos/ppo.py`'s `main` in this process, as `test_bad_input.py`'s catalogue runs it:
+    the run's programs never compile. (Playground missing: a fresh process, below.)"""
+    def compiled(*_, **__):
+        raise AssertionError(f"{args} went on to compile before refusing")
+
+    monkeypatch.setattr(cli, "compile_programs", compiled)
+    with pytest.raises(SystemExit) as exit_info:
+        ppo_main(args)
+    assert exit_info.value.code == 2
+    out, err = capsys.readouterr()
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(message), err[-2000:]
+    assert "Traceback" not in err and "step" not in out
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize("args, hide, message", [
-    (["--env-id", "playground/CartpoleBalance"], True, "error: playground/CartpoleBalance needs "
-     "MuJoCo Playground, which is not installed: pip install -e \".[playground]\""),
-    (["--env-id", "playground/WalkerWalks"], False, "error: unknown Playground task "
-     "'WalkerWalks'. Did you mean playground/WalkerWalk"),
-    (["--env-id", "playground/BerkeleyHumanoidJoystickFlatTerrain"], False,
-     "error: playground/BerkeleyHumanoidJoystickFlatTerrain is a locomotion task"),
-])
-def test_bad_playground_input_is_one_line_and_exit_2_before_compiling(args, hide, message):
-    run = run_cli(*args, hide_playground=hide)
+def test_without_playground_a_playground_task_is_one_line_and_exit_2_before_compiling():
+    """A fresh process in which `mujoco_playground` cannot be imported or found."""
+    code = ("import sys, runpy; sys.modules['mujoco_playground'] = None; "
+            "import importlib.util as u; find = u.find_spec; "
+            "u.find_spec = lambda n, *a: None if n == 'mujoco_playground' else find(n, *a); "
+            "sys.argv = ['algos/ppo.py', '--env-id', 'playground/CartpoleBalance']; "
+            "runpy.run_path('algos/ppo.py', run_name='__main__')")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
     assert run.returncode == 2, run.stderr[-2000:]
     errors = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and errors[0].startswith(message), run.stderr[-2000:]
+    assert errors == ["error: playground/CartpoleBalance needs MuJoCo Playground, which is not "
+                      "installed: pip install -e \".[playground]\""], run.stderr[-2000:]
     assert "Traceback" not in run.stderr and "step" not in run.stdout
 
 
-@pytest.mark.subprocess
-def test_the_command_line_trains_checkpoints_evaluates_and_renders(tmp_path, capsys):
-    run = run_cli("--env-id", TASK, "--num-envs", "4", "--num-steps", "16",
-                  "--num-minibatches", "2", "--total-timesteps", "512", "--checkpoint-every",
-                  "4", "--log-dir", str(tmp_path))
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "Traceback" not in run.stderr
+def test_the_command_line_trains_checkpoints_evaluates_and_renders(tmp_path, capsys,
+                                                                   monkeypatch):
+    """`algos/ppo.py`'s `main` and `algos/evaluate.py`'s, in this process (a real process of
+    the command line: `test_algorithms.py`): the checkpoint holds MJX's data, which the
+    evaluation's restore puts back into MJX's own types."""
+    ppo_main(["--env-id", TASK, "--num-envs", "4", "--num-steps", "16", "--num-minibatches",
+              "2", "--total-timesteps", "512", "--checkpoint-every", "4", "--log-dir",
+              str(tmp_path)])
     [path] = [os.path.join(d, f) for d, _, files in os.walk(tmp_path) for f in files
               if f == "latest.msgpack"]
     record = checkpoint.load(path)
@@ -164,20 +185,21 @@ def test_the_command_line_trains_checkpoints_evaluates_and_renders(tmp_path, cap
     # MJX's data (a dataclass flax does not know) is in the checkpoint, field by field
     qpos = record["train_state"]["env"]["env_state"]["mjx"]["data"]["qpos"]
     assert np.asarray(qpos).shape == (1, 4, 2)  # [seeds, envs, nq]
-    ppo = importlib.import_module("algos.ppo")
-    train = ppo.make_train(ppo.Config(**record["config"]))
-    template = jax.eval_shape(jax.vmap(train.init), jax.random.split(jax.random.PRNGKey(0), 1))
-    state = checkpoint.restore(template, record["train_state"], path)  # back into MJX's types
-    assert type(state.env.env_state.mjx.data) is type(template.env.env_state.mjx.data)
-    np.testing.assert_array_equal(state.env.env_state.mjx.data.qpos, qpos)
+    restored = []  # what the evaluation's restore_run gives back: (config, seeds, train, state)
+    restore_run = evaluate_entry.restore_run
+    monkeypatch.setattr(evaluate_entry, "restore_run",
+                        lambda *args: restored.append(restore_run(*args)) or restored[-1])
     video = tmp_path / "episode.html"
-    evaluate([path, "--episodes", "2", "--capture-video", str(video)])
+    evaluate_entry.main([path, "--episodes", "2", "--capture-video", str(video)])
     out = capsys.readouterr().out
     assert "mean return over 1 run(s)" in out
     frames = int(out.split("video: ")[1].split("(")[1].split(" frames")[0])
     assert frames == 1000, out  # the balance never fails: the whole 1000 steps
     page = video.read_text()
     assert "<html>" in page and 'id="brax-viewer"' in page, page[:300]
+    [(_, _, _, state)] = restored  # back into MJX's types, from the checkpoint's numbers
+    assert type(state.env.env_state.mjx.data) is mjx.Data
+    np.testing.assert_array_equal(state.env.env_state.mjx.data.qpos, qpos)
 
 
 def test_playground_declares_that_its_state_keeps_its_key_as_a_traced_reset_shows():
@@ -185,7 +207,7 @@ def test_playground_declares_that_its_state_keeps_its_key_as_a_traced_reset_show
     tracing); it must say what that reset shows: a state holding the typed key it was given."""
     from common.threefry import THREEFRY
 
-    env, params, _ = make_env("playground/CartpoleBalance")
+    env, params, _ = cartpole()
     typed = jax.random.wrap_key_data(jax.random.key_data(jax.random.PRNGKey(0)), impl=THREEFRY)
     state = jax.eval_shape(lambda k: env.reset(k, params)[1], typed)
     holds = any(jnp.issubdtype(x.dtype, jax.dtypes.prng_key) for x in jax.tree.leaves(state))
