@@ -10,6 +10,7 @@ import glob
 import io
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,24 +37,48 @@ def one_error_line(err: str) -> str:
 
 
 # ------------------------------------------------------------------ run directories
-def test_runs_started_in_the_same_second_never_share_a_directory(tmp_path, monkeypatch):
-    monkeypatch.setattr(time, "time", lambda: 1_700_000_000.5)  # every run in one second
-    for lr in ("0.001", "0.002", "0.003"):
-        main(TINY + ["--log-dir", str(tmp_path), "--learning-rate", lr])
-    main(TINY + ["--log-dir", str(tmp_path), "--seed", "2", "--num-seeds", "2"])  # seeds 2, 3
-    names = sorted(os.listdir(tmp_path))
-    assert names == ["CartPole-v1__ppo__1__1700000000", "CartPole-v1__ppo__1__1700000000-2",
-                     "CartPole-v1__ppo__1__1700000000-3", "CartPole-v1__ppo__2__1700000000",
-                     "CartPole-v1__ppo__3__1700000000"], names
-    learning_rates = []
-    for name in names[:3]:
-        record = checkpoint.load(os.path.join(tmp_path, name, checkpoint.LATEST))
+FIRST, SECOND = "CartPole-v1__ppo__1__1700000000", "CartPole-v1__ppo__1__1700000000-2"
+
+
+@pytest.fixture(scope="module")
+def same_second(tmp_path_factory):
+    """Two command-line runs of `TINY` started in the same second into one `--log-dir`, at
+    learning rates 0.001 and 0.002: `(log_dir, [their metrics])`. The tests that use them
+    leave their files as they are."""
+    log_dir = tmp_path_factory.mktemp("same_second")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(time, "time", lambda: 1_700_000_000.5)  # every run in one second
+        metrics = [main(TINY + ["--log-dir", str(log_dir), "--learning-rate", lr])
+                   for lr in ("0.001", "0.002")]
+    return log_dir, metrics
+
+
+def test_runs_started_in_the_same_second_never_share_a_directory(same_second, tmp_path):
+    """Two runs in one second: the second takes the next free name, and each keeps its own
+    checkpoint. More runs in that second (their claims as the command line makes them,
+    `preflight.claim_run_dirs`, nothing trained) take the next suffixes, seed by seed."""
+    log_dir, _ = same_second
+    assert sorted(os.listdir(log_dir)) == [FIRST, SECOND]
+    for name, lr in ((FIRST, 0.001), (SECOND, 0.002)):
+        record = checkpoint.load(os.path.join(log_dir, name, checkpoint.LATEST))
         assert record["run_names"] == [name]
-        learning_rates.append(record["config"]["learning_rate"])
-    assert learning_rates == [0.001, 0.002, 0.003]  # each run kept its own checkpoint
+        assert record["config"]["learning_rate"] == lr  # each run kept its own checkpoint
+    logs = tmp_path / "logs"
+    shutil.copytree(log_dir, logs)
+
+    def claim(*more):  # the directories a run of TINY + `more` claims in that second
+        config, run, _ = flags.parse("ppo", Config, TINY + ["--log-dir", str(logs), *more])
+        return preflight.claim_run_dirs(config, run, 1_700_000_000, writer=True)
+
+    assert claim() == ["CartPole-v1__ppo__1__1700000000-3"]
+    assert claim("--seed", "2", "--num-seeds", "2") == ["CartPole-v1__ppo__2__1700000000",
+                                                       "CartPole-v1__ppo__3__1700000000"]
+    names = sorted(os.listdir(logs))
+    assert names == [FIRST, SECOND, "CartPole-v1__ppo__1__1700000000-3",
+                     "CartPole-v1__ppo__2__1700000000", "CartPole-v1__ppo__3__1700000000"], names
     # The next run of seed 2 collides with the directory of seed 2 above: it moves on too.
-    main(TINY + ["--log-dir", str(tmp_path), "--seed", "2"])
-    assert "CartPole-v1__ppo__2__1700000000-2" in os.listdir(tmp_path)
+    assert claim("--seed", "2") == ["CartPole-v1__ppo__2__1700000000-2"]
+    assert "CartPole-v1__ppo__2__1700000000-2" in os.listdir(logs)
 
 
 @pytest.mark.subprocess
@@ -85,20 +110,24 @@ def test_every_corrupted_byte_is_refused_and_names_the_previous_checkpoint(tmp_p
     previous = checkpoint.previous_path(path)
     refused = 0
     positions = sorted({*range(0, len(good), 37), *range(len(good) - 64, len(good))})
-    for i in positions:
-        for bit in (0x01, 0x80):
-            bad = bytearray(good)
-            bad[i] ^= bit
-            with open(path, "wb") as f:
-                f.write(bad)
-            with pytest.raises(checkpoint.CheckpointError) as error:
-                checkpoint.load(path)
-            assert repr(path) in str(error.value)
-            refused += 1
+    fd = os.open(path, os.O_WRONLY)  # each bit flipped in the file, then flipped back
+    try:
+        for i in positions:
+            for bit in (0x01, 0x80):
+                os.pwrite(fd, bytes([good[i] ^ bit]), i)
+                with pytest.raises(checkpoint.CheckpointError) as error:
+                    checkpoint.load(path)
+                assert repr(path) in str(error.value)
+                os.pwrite(fd, good[i:i + 1], i)
+                refused += 1
+    finally:
+        os.close(fd)
     assert refused == 2 * len(positions) > 3000
     # With the previous checkpoint beside it, a corrupt latest names it as the way on.
     with open(previous, "wb") as f:
         f.write(good)
+    with open(path, "wb") as f:
+        f.write(good[:-1] + bytes([good[-1] ^ 0x80]))
     with pytest.raises(checkpoint.CheckpointError,
                        match=f"The previous checkpoint '{previous}' \\(update 0\\) is intact: "
                              "--resume it."):
@@ -144,12 +173,11 @@ def test_two_checkpoints_are_kept_and_the_previous_one_resumes_into_the_latest(t
     assert checkpoint.load(path)["update"] == 16 and checkpoint.load(previous)["update"] == 12
 
 
-def test_a_resumed_run_reads_its_checkpoint_once(tmp_path, monkeypatch, capsys):
+def test_a_resumed_run_reads_its_checkpoint_once(same_second, monkeypatch, capsys):
     """`--resume`: the file is read and verified once, by the flags, which hand its record on
     to the training (here a finished run: nothing to do); the devices are set up once. So
     too from Python, `flags.parse` then `cli.train_and_log`."""
-    main(TINY + ["--log-dir", str(tmp_path)])
-    (path,) = glob.glob(str(tmp_path / "*" / checkpoint.LATEST))
+    path = os.path.join(same_second[0], FIRST, checkpoint.LATEST)
     load, reads = checkpoint.load, []
     monkeypatch.setattr(checkpoint, "load", lambda p: reads.append(p) or load(p))
     setup_devices, setups = cli.setup_devices, []
@@ -219,9 +247,11 @@ def test_paths_that_cannot_hold_a_checkpoint_are_refused(tmp_path):
 
 
 # ------------------------------------------------------------------ signals and start-up
-LONG = ["--total-timesteps", "2097152000", "--num-devices", "1"]
-"""4,096,000 updates in chunks of 204,800: a chunk computes for many minutes (4,096 updates
-take about 20 s here), far longer than a test waits for the run to stop."""
+LONG = ["--total-timesteps", "2097152000", "--num-steps", "32", "--num-devices", "1"]
+"""16,384,000 updates in chunks of 819,200: a chunk computes for many minutes (4,096 updates
+of 128 steps took about 20 s here; these have 32), far longer than a test waits for the run
+to stop. The config of `save_initial(..., "ppo", total_timesteps=2097152000)`, so that both
+runs below compile one program."""
 
 
 def started(run) -> list:
@@ -243,7 +273,7 @@ def test_ctrl_c_saves_at_once_not_at_the_end_of_a_chunk(signals, tmp_path):
     """Ctrl-C (once or twice) while the first chunk computes: the run exits with 130, having
     saved update 0, without waiting for that chunk (nor for the one queued behind it) to
     end. A chunk of `LONG` computes for many minutes, so a run that exits at all before the
-    deadline did not wait for it; one that waited and then saved would say update 204800.
+    deadline did not wait for it; one that waited and then saved would say update 819200.
 
     Twice, the second signal may stop the first one's write: the run resumes `LONG` from a
     kept previous checkpoint, so that it writes its latest one when stopped and a complete
@@ -269,7 +299,7 @@ def test_ctrl_c_saves_at_once_not_at_the_end_of_a_chunk(signals, tmp_path):
     assert "Traceback" not in err, err
     paths = glob.glob(str(tmp_path / "*" / checkpoint.LATEST))
     if signals == 1:
-        assert "interrupted at update 0 of 4096000" in out, out
+        assert "interrupted at update 0 of 16384000" in out, out
         assert checkpoint.load(paths[0])["update"] == 0
     else:  # the latest is whole or absent; the one named, whole
         assert all(checkpoint.load(p)["update"] == 0 for p in paths)
@@ -435,8 +465,8 @@ def test_the_chunk_size_search_is_short_for_any_run_length():
     assert short(1_953_125_000, 0, 0) == 97_656_250
 
 
-def test_global_step_is_a_64_bit_count_on_the_host(tmp_path):
-    metrics = main(TINY + ["--log-dir", str(tmp_path)])
+def test_global_step_is_a_64_bit_count_on_the_host(same_second):
+    metrics = same_second[1][0]  # a command-line run's
     assert metrics["global_step"].dtype == np.int64
     np.testing.assert_array_equal(metrics["global_step"][0], 128 * np.arange(1, 17))
     one = session.Session("ppo", type("C", (), {"batch_size": 2**20, "num_updates": 2**14})(),
