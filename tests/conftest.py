@@ -12,8 +12,8 @@ user CPU seconds, 307 -> 279 s). None of this changes a program's meaning, only 
 its floats may round in the last bit, and each equality a test asserts compares programs
 compiled the same way; where programs of different shapes must give the same bits (updates
 one at a time against one call of `train`), both compile with the default emitters
-(`helpers.EXACT`), as a user's run does, and the learning tests, whose programs run for
-seconds, compile with XLA's defaults (`helpers.OPTIMISED`).
+(`helpers.EXACT`), as a user's run does. The learning tests compile with these flags too:
+their programs run for seconds, but XLA's defaults would take about 8 s to compile each.
 `tests/hang_probe.py` sets its own flags, so the deadlock regression test runs with XLA's
 defaults. Set `ONPOLICY_TEST_DEFAULT_XLA=1` to run the suite with the default back end.
 

@@ -3,7 +3,6 @@
 import dataclasses
 import functools
 import importlib
-import io
 import signal
 import subprocess
 import sys
@@ -37,13 +36,6 @@ emitters, XLA's default and what a user's run compiles with, give equal bits. (C
 several updates against all updates in one `run_updates` call are the same program but for
 the trip count, and equal bit for bit either way.)"""
 
-OPTIMISED = {"xla_backend_optimization_level": 3, "xla_llvm_disable_expensive_passes": False,
-             "xla_cpu_use_fusion_emitters": True}
-"""XLA's default compiler options, for a program that runs long enough for the speed of the
-code it compiles to matter more than the speed of compiling it (the learning tests: PPO's
-4 x 100k steps compile and run in 10.5 s with these, 15.8 s with `conftest.FAST_COMPILE`),
-and which then runs exactly as a user's run does."""
-
 
 def stacked(hparams, n: int):
     """`n` copies of `hparams` with a leading axis, for `vmap(train)(keys, hparams)`."""
@@ -54,11 +46,13 @@ class TinyRun:
     """The tiny CartPole config of `algos/<algo>.py` (`TINY_RUNS`), each program compiled at
     most once per test process (`tiny_run`).
 
-    `train` is built with `live_progress`, its printer writing to the StringIO
-    `train.progress.stream`; `keys` are 3 seeds. `single` is `jit(train)`, `batched`
-    `jit(vmap(train))`, `init` and `run_updates` the jitted pieces, and `result` (computed on
-    first use) `batched(keys, hp for 3 runs)`. Call `single` and `batched` with explicit
-    hparams, so that each compiles once.
+    `keys` are 3 seeds. `batched` is `jit(vmap(train))`, `init` and `run_updates` the jitted
+    pieces, `alone(key, hp)` one run of all the updates from them (`init`, then one
+    `run_updates` call), `single` `jit(train)`, and `result` (computed on first use)
+    `batched(keys, hp for 3 runs)`. Call `single` and `batched` with explicit hparams, so that
+    each compiles once. `train` prints no progress (`live_progress=False`): a program with a
+    host callback is never written to the persistent compilation cache, and these programs
+    are shared through it by the test files on other workers.
     """
 
     def __init__(self, algo: str, **overrides):
@@ -66,13 +60,17 @@ class TinyRun:
         self.config = self.module.Config(**{"env_id": "CartPole-v1", **TINY_RUNS[algo],
                                             **overrides})
         self.hp = self.config.hparams()
-        self.train = self.module.make_train(self.config, live_progress=True)
-        self.train.progress.stream = io.StringIO()
+        self.train = self.module.make_train(self.config)
         self.keys = jax.random.split(jax.random.PRNGKey(42), 3)
         self.single = jax.jit(self.train)
         self.batched = jax.jit(jax.vmap(self.train))
         self.init = jax.jit(self.train.init)
         self.run_updates = jax.jit(self.train.run_updates)
+
+    def alone(self, key, hp):
+        """`(TrainState, metrics)` of one run: `init`, then all its updates in one
+        `run_updates` call (the pieces the command line runs)."""
+        return self.run_updates(self.init(key, hp), hp, jnp.arange(self.config.num_updates))
 
     @functools.cached_property
     def result(self):
