@@ -38,8 +38,9 @@ episode. The first 297 updates of `train` and of this shorter program give the s
 (the same scan body, another trip count). With seed 1 the episodes ending in them return
 314, 323, 377, ..., 601, then from update 250 946, 986, 989, 991; the whole run's last
 episodes about 997. Which seeds learn depends on float rounding: the same whole run compiled
-with XLA's default options (`helpers.OPTIMISED`) ended at 832, and from the command line
-(one seed vmapped, in chunks) at about 650; this program, with the suite's compiler flags, learns."""
+with XLA's default options (not `conftest.FAST_COMPILE`) ended at 832, and from the command
+line (one seed vmapped, in chunks) at about 650; this program, with the suite's flags,
+learns."""
 
 
 def test_ppo_learns_cartpole_balance_with_its_cpu_preset():
