@@ -116,6 +116,17 @@ def out_file(parser, path: str) -> str:
     return path
 
 
+def refuse_other_mode(parser, args, defaults, mode: str, only_with, only_without):
+    """A script of two modes (`--{mode}` on or off): exit through `parser.error` when a flag of
+    the other mode was given (its value differs from `defaults`, the parse of no flags)."""
+    on = getattr(args, mode)
+    wrong = [name for name in (only_without if on else only_with)
+             if getattr(args, name) != getattr(defaults, name)]
+    if wrong:
+        flag = "--" + wrong[0].replace("_", "-")
+        parser.error(f"{flag} applies only {'without' if on else 'with'} --{mode}")
+
+
 def save_record(record: dict, out_dir: str, name: str) -> str:
     """Write one result's JSON record to `out_dir/name.json` (a `/` in `name`, as in a
     `brax/...` id, becomes `-`); returns the path."""

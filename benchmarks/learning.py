@@ -36,8 +36,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks.configs import (VARIANTS, check_overrides, library_versions,  # noqa: E402
-                                parse_overrides, save_record, settings, source_commit,
-                                thin_curves)
+                                parse_overrides, refuse_other_mode, save_record, settings,
+                                source_commit, thin_curves)
 from common.host.logger import final_return, seed_keys  # noqa: E402
 from common.host.options import whole_number  # noqa: E402
 from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
@@ -173,11 +173,7 @@ def main():
     parser = make_parser()
     args = parser.parse_args()
     defaults = parser.parse_args([])
-    wrong = [name for name in (CELL_ONLY if args.suite else SUITE_ONLY)
-             if getattr(args, name) != getattr(defaults, name)]
-    if wrong:
-        flag = "--" + wrong[0].replace("_", "-")
-        parser.error(f"{flag} applies only {'without' if args.suite else 'with'} --suite")
+    refuse_other_mode(parser, args, defaults, "suite", SUITE_ONLY, CELL_ONLY)
     if args.suite:
         return playground_suite(parser, args)
 

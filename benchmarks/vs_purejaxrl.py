@@ -99,7 +99,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from algos.ppo import Config, make_train  # noqa: E402
-from benchmarks.configs import out_file, source_commit, time_in_alternation  # noqa: E402
+from benchmarks.configs import (out_file, refuse_other_mode, source_commit,  # noqa: E402
+                                time_in_alternation)
 from common.host.logger import final_return  # noqa: E402
 from common.host.options import whole_number  # noqa: E402
 from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
@@ -379,11 +380,7 @@ def parse_args(parser: argparse.ArgumentParser):
     if args.seeds < 1:
         parser.error(f"--seeds must be at least 1, got {args.seeds}")
     defaults = parser.parse_args(["--reference", args.reference])
-    wrong = [name for name in (COMPARE_ONLY if args.profile else PROFILE_ONLY)
-             if getattr(args, name) != getattr(defaults, name)]
-    if wrong:
-        flag = "--" + wrong[0].replace("_", "-")
-        parser.error(f"{flag} applies only {'without' if args.profile else 'with'} --profile")
+    refuse_other_mode(parser, args, defaults, "profile", PROFILE_ONLY, COMPARE_ONLY)
     if args.profile:
         args.updates, args.top = args.updates or 16, args.top or 40
         args.repeats = 3 if args.repeats is None else args.repeats
