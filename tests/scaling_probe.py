@@ -2,22 +2,27 @@
 checks that need devices set before JAX starts.
 Prints `ok PART` for each part that passes and exits 0 when all do.
 
-    python tests/scaling_probe.py learn update gru api chunks   # any of the parts, in order
+    python tests/scaling_probe.py learn gru update api chunks cli-seeds cli-refuse cli-data
 
-`learn`: one `learn` step gives the same parameters on 1, 2 and 4 devices; `update`:
-data-parallel updates on 2 devices; `gru`: both with `--network gru` (learn on 4 devices);
-`api`: `parallel.spread_seeds` and `parallel.data_parallel` (PPO); `chunks`: the command
-line's per-device chunk programs against one shard_map program (A2C). The other parts cover
-PPO, A2C and IMPALA.
+`learn`: one `learn` step gives the same parameters on 1 and 4 devices as without a device
+axis; `gru`: the same with `--network gru` on 4 devices; `update`: data-parallel training
+through `parallel.data_parallel` on 2 devices (`--network gru`); `api`:
+`parallel.spread_seeds` (PPO); `chunks`: the command line's per-device chunk programs against
+one shard_map program (A2C). The other parts cover PPO, A2C and IMPALA. The `cli-` parts run
+PPO's command line in this process (`algos.ppo.main`, flags as given on the command line):
+seeds on 2 devices against 1, a seed count that does not divide, data-parallel on 2 devices.
 """
-
 import os
 import sys
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +  # keeps conftest's flags
                            " --xla_force_host_platform_device_count=4")
 
+import contextlib  # noqa: E402
+import glob  # noqa: E402
 import importlib  # noqa: E402
+import io  # noqa: E402
+import tempfile  # noqa: E402
 import traceback  # noqa: E402
 
 import jax  # noqa: E402
@@ -42,6 +47,13 @@ def data_parallel(fn, devices, in_specs, out_specs):
 def per_device(tree):
     """Give every leaf a leading device axis, so out_specs P(DATA_AXIS) returns each copy."""
     return jax.tree.map(lambda x: x[None], tree)
+
+
+LEARN_DEVICES = (1, 4)
+"""The device counts the feed-forward `learn` runs on: 1 device is the path of a
+data-parallel run on one device (its share is the whole batch), 4 a real split. 2 would run
+the same code as 4 (`distributed.device_share` and `pmean` for any D > 1); a device count
+taken from the process (4) rather than from the mesh axis shows on 1."""
 
 
 def assert_learned_the_same(d, start, got, want):
@@ -104,7 +116,7 @@ def random_steps(r, shape):
 def check_learn_ppo():
     """One PPO `learn` (2 epochs x 2 minibatches, advantage normalisation, observation
     normalisation, KL early stop) from the same state on the same global batch: the same
-    parameters on 1, 2 and 4 devices as without any device axis, identical on every device.
+    parameters on 1 and 4 devices as without any device axis, identical on every device.
     PPO's `learn` takes the gathered global batch, the same on every device (`P()`)."""
     from algos.ppo import Config, Transition, make_train
 
@@ -118,7 +130,7 @@ def check_learn_ppo():
                       normal(r, n))
     key, update = raw_key(2), 3
     want = jax.jit(train.learn, static_argnums=4)(state, hp, data, key, update)
-    for d in (1, 2, 4):
+    for d in LEARN_DEVICES:
         run = data_parallel(lambda s, h, b, k: per_device(train.learn(s, h, b, k, update)),
                             jax.devices()[:d], (P(), P(), P(), P()), P(DATA_AXIS))
         got = run(state, hp, data, key)
@@ -129,7 +141,7 @@ def check_learn_ppo():
 def check_learn_a2c():
     """One A2C `learn` (advantage normalisation, observation normalisation) from the same
     state on the same global batch of samples, the same on every device (`P()`), as PPO's:
-    the same parameters on 1, 2 and 4 devices as without any device axis."""
+    the same parameters on 1 and 4 devices as without any device axis."""
     from algos.a2c import Config, Transition, make_train
 
     config = Config(**{k: v for k, v in TINY.items()
@@ -143,7 +155,7 @@ def check_learn_a2c():
                       normal(r, n), normal(r, n, 3.0, 1.0), normal(r, n))
     update = 3
     want = jax.jit(train.learn, static_argnums=3)(state, hp, data, update)
-    for d in (1, 2, 4):
+    for d in LEARN_DEVICES:
         run = data_parallel(lambda s, h, b: per_device(train.learn(s, h, b, update)),
                             jax.devices()[:d], (P(), P(), P()), P(DATA_AXIS))
         assert_learned_the_same(d, state.params, run(state, hp, data), want)
@@ -153,7 +165,7 @@ def check_learn_impala():
     """One IMPALA `learn` (2 epochs x 2 minibatches of environments, V-Trace with behaviour
     log-probabilities off the learner's, observation normalisation) from the same state on the
     same global batch of trajectories [num_envs, T], the same on every device (`P()`): the
-    same parameters on 1, 2 and 4 devices as without any device axis (every minibatch the
+    same parameters on 1 and 4 devices as without any device axis (every minibatch the
     same set of trajectories)."""
     from algos.impala import Config, Transition, make_train
 
@@ -166,7 +178,7 @@ def check_learn_impala():
                       behaviour_log_prob=normal(rng(3), shape, 0.3, np.log(0.5)))
     key, update = raw_key(2), 3
     want = jax.jit(train.learn, static_argnums=4)(state, hp, data, key, update)
-    for d in (1, 2, 4):
+    for d in LEARN_DEVICES:
         run = data_parallel(lambda s, h, b, k: per_device(train.learn(s, h, b, k, update)),
                             jax.devices()[:d], (P(), P(), P(), P()), P(DATA_AXIS))
         assert_learned_the_same(d, state.params, run(state, hp, data, key), want)
@@ -266,37 +278,44 @@ def check_learn_impala_gru():
         assert_learned_the_same(d, state.params, run(state, hp, data, key, hidden), want)
 
 
-def check_update(algo, network="auto"):
-    """Data-parallel training on 2 devices (2 seeds vmapped on each): every device ends with
-    the same parameters, the devices' environments differ, the metrics are finite."""
+def check_update(algo):
+    """Data-parallel training of the recurrent network through `parallel.data_parallel` on 2
+    devices (2 seeds vmapped on each): every device's own copy of the parameters and the
+    observation statistics is the same, bitwise; the devices' environments differ; the
+    global batch is counted once; the metrics are finite; the outputs have the global
+    layout (every environment, one metric row per update).
+
+    The recurrent network covers what data-parallel training does around `learn` for every
+    network (each device's own rollout keys, the gather of the global batch, the statistics
+    of it), and what only a recurrent one does (the gather of the rollout's start states);
+    the feed-forward `learn` on several devices is the `learn` part's."""
+    from common import parallel
+
     module = importlib.import_module(f"algos.{algo}")
     settings = {k: v for k, v in TINY.items()
                 if algo != "a2c" or k not in ("num_minibatches", "update_epochs")}
-    config = module.Config(**settings, normalize_obs=True, network=network,
-                           hidden_size=16 if network == "gru" else 64)
+    config = module.Config(**settings, **GRU, normalize_obs=True)
     train = module.make_train(config)
     keys = np.stack([raw_key(0), raw_key(1)])
-
-    def run(keys):
-        state, metrics = jax.vmap(train)(keys)
-        return per_device((state.params, state.obs_stats, state.env.obs)), metrics
-
-    (params, stats, obs), metrics = data_parallel(run, jax.devices()[:2], P(),
-                                                  (P(DATA_AXIS), P()))(keys)
-    for leaf in jax.tree.leaves((params, stats)):
-        np.testing.assert_array_equal(leaf[1], leaf[0])
-    assert obs.shape == (2, 2, config.num_envs // 2, 4)
-    assert not np.allclose(obs[0], obs[1])  # each device steps its own environments
-    assert float(stats.count[0, 0]) > config.total_timesteps - 1  # global batch counted once
+    state, metrics = parallel.data_parallel(train, jax.devices()[:2])(keys)
+    for leaf in jax.tree.leaves((state.params, state.obs_stats)):
+        copies = [np.asarray(shard.data) for shard in leaf.addressable_shards]
+        assert len(copies) == 2
+        np.testing.assert_array_equal(copies[1], copies[0])
+    obs, half = np.asarray(state.env.obs), config.num_envs // 2
+    assert obs.shape == (2, config.num_envs, 4)  # every environment, device 0's first
+    assert not np.allclose(obs[:, :half], obs[:, half:])  # each device steps its own
+    assert float(state.obs_stats.count[0]) > config.total_timesteps - 1  # global batch, once
+    assert metrics["value_loss"].shape == (2, config.num_updates)
     for name, value in metrics.items():
         if name not in ("episodic_return", "episodic_length", "repeated_starts"):
             assert np.isfinite(value).all(), name
-    print(f"{algo} ({network}): data-parallel parameters identical on 2 devices")
+    print(f"{algo} (gru): data-parallel parameters identical on 2 devices", flush=True)
 
 
 def check_python_api():
-    """`parallel.spread_seeds` gives the runs of `jit(vmap(train))`, split over 2 devices;
-    `parallel.data_parallel` trains each run on 2 devices with the global layout."""
+    """`parallel.spread_seeds` gives the runs of `jit(vmap(train))`, split over 2 devices,
+    each with its own hyperparameters. (`parallel.data_parallel`: the `update` part.)"""
     from algos.ppo import Config, make_train
     from common import parallel
 
@@ -310,16 +329,12 @@ def check_python_api():
     assert len(got[0].params["params"]["Dense_0"]["kernel"].sharding.device_set) == 2
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
-    state, metrics = parallel.data_parallel(train, jax.devices()[:2])(keys[:2])
-    assert state.env.obs.shape == (2, config.num_envs, 4)  # every environment, in order
-    assert metrics["value_loss"].shape == (2, config.num_updates)
-    assert all(np.isfinite(x).all() for x in jax.tree.leaves(state.params))
-    print("python api: spread_seeds equals vmap on 2 devices; data_parallel runs", flush=True)
+    print("python api: spread_seeds equals vmap on 2 devices", flush=True)
 
 
 def check_chunks_per_device():
-    """The command line's chunk program for 4 seeds on 4 devices (`Layout.compile`: one
-    program per device) gives what the one shard_map program over the mesh gives, chunk
+    """The command line's chunk program for 4 seeds on 2 devices, 2 on each (`Layout.compile`:
+    one program per device) gives what the one shard_map program over the mesh gives, chunk
     after chunk, to float rounding (XLA optimises the two programs apart), as global arrays
     laid out as that program's."""
     from algos.a2c import Config, make_train
@@ -327,7 +342,7 @@ def check_chunks_per_device():
     from common.host.devices import Layout
 
     config, run, _ = flags.parse("a2c", Config, ["--total-timesteps", "4000", "--num-seeds",
-                                                 "4", "--num-devices", "4"])
+                                                 "4", "--num-devices", "2"])
     train = make_train(config)
     keys = np.stack([raw_key(i) for i in range(4)])
     hps = jax.vmap(lambda _: config.hparams())(keys)
@@ -342,7 +357,7 @@ def check_chunks_per_device():
               layout.shapes(np.arange(5), P()))
     apart = layout.compile(fn, *specs, *shapes)
     together = layout.spread(fn, *specs).lower(*shapes).compile()
-    assert not isinstance(apart, jax.stages.Compiled)  # seeds on 4 devices: one per device
+    assert not isinstance(apart, jax.stages.Compiled)  # seeds on 2 devices: one per device
     a, b = state, state
     for begin in (0, 5):
         updates = layout.put(np.arange(begin, begin + 5, dtype=np.int32), P())
@@ -355,20 +370,88 @@ def check_chunks_per_device():
     print("chunks: one program per device equals the shard_map program", flush=True)
 
 
+# ------------------------------------------------------------------ the command line
+CLI_TINY = ["--env-id", "CartPole-v1", "--total-timesteps", "4096", "--num-envs", "8",
+            "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2"]
+CLI_SHORT = CLI_TINY[:2] + ["--total-timesteps", "1024"] + CLI_TINY[4:]  # 8 updates
+
+
+def command_line(args, log_dir):
+    """`python algos/ppo.py *args --log-dir log_dir`, run in this process (its devices):
+    `(exit status, stdout, stderr)`."""
+    from algos.ppo import main
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main([*args, "--log-dir", log_dir])
+        except SystemExit as exit_:
+            code = exit_.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def final_state(log_dir):
+    from common.host import checkpoint
+
+    (path,) = glob.glob(os.path.join(log_dir, "*", checkpoint.LATEST))
+    return checkpoint.load(path)
+
+
+def check_cli_seeds(tmp):
+    """4 seeds, 2 per device on 2 devices (the shard_map(vmap(init)) pattern that deadlocked
+    jaxlib 0.10 with batched QRs): the runs equal the same seeds on one device."""
+    one, two = f"{tmp}/one", f"{tmp}/two"
+    args = CLI_SHORT + ["--num-seeds", "4"]
+    a = command_line(args + ["--num-devices", "1"], one)
+    b = command_line(args + ["--num-devices", "2"], two)
+    for code, _, err in (a, b):
+        assert code == 0, err[-3000:]
+    assert "on 1 device(s), parallel seeds" in a[1], a[1][-2000:]
+    assert "on 2 device(s), parallel seeds" in b[1], b[1][-2000:]
+    ra, rb = final_state(one), final_state(two)
+    for name in ("episodic_return", "value_loss", "approx_kl"):
+        np.testing.assert_allclose(rb["metrics"][name], ra["metrics"][name], rtol=1e-4,
+                                   atol=1e-5, err_msg=name)
+    for x, y in zip(jax.tree.leaves(ra["train_state"]), jax.tree.leaves(rb["train_state"]),
+                    strict=True):
+        np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-5)
+
+
+def check_cli_refuse(tmp):
+    """3 seeds do not divide among 2 devices: one line, exit 2."""
+    code, _, err = command_line(CLI_TINY + ["--num-seeds", "3", "--num-devices", "2"], tmp)
+    assert code == 2, err
+    assert "error: --num-seeds 3 does not divide among 2 devices" in err, err
+
+
+def check_cli_data(tmp):
+    """Data-parallel on 2 devices: the checkpoint keeps the global layout (2 seeds, every
+    environment)."""
+    args = CLI_TINY + ["--parallel", "data", "--num-seeds", "2", "--checkpoint-every", "16",
+                       "--num-devices", "2"]
+    code, out, err = command_line(args, tmp)
+    assert code == 0, err[-3000:]
+    assert "on 2 device(s), parallel data" in out, out[-2000:]
+    record = final_state(tmp)
+    assert record["update"] == 32
+    assert record["train_state"]["env"]["obs"].shape == (2, 8, 4)  # global layout, 2 seeds
+
+
 def check(part: str):
-    """One part of the probe (`learn`, `update` and `gru` for all three algorithms)."""
+    """One part of the probe (`learn`, `gru` and `update` for all three algorithms)."""
     learn = {"ppo": check_learn_ppo, "a2c": check_learn_a2c, "impala": check_learn_impala}
     learn_gru = {"ppo": check_learn_ppo_gru, "a2c": check_learn_a2c_gru,
                  "impala": check_learn_impala_gru}
+    cli = {"cli-seeds": check_cli_seeds, "cli-refuse": check_cli_refuse,
+           "cli-data": check_cli_data}
     if part == "learn":
         for algo, check_learn in learn.items():
             check_learn()
-            print(f"{algo} learn: same parameters on 1, 2, 4 devices", flush=True)
+            print(f"{algo} learn: same parameters on 1 and 4 devices", flush=True)
     elif part == "gru":
         for algo, check_learn in learn_gru.items():
             check_learn()
             print(f"{algo} gru learn: same parameters on 4 devices", flush=True)
-            check_update(algo, "gru")
     elif part == "update":
         for algo in learn:
             check_update(algo)
@@ -376,6 +459,9 @@ def check(part: str):
         check_python_api()
     elif part == "chunks":
         check_chunks_per_device()
+    elif part in cli:  # last: the command line turns on the persistent compilation cache
+        with tempfile.TemporaryDirectory() as tmp:
+            cli[part](tmp)
     else:
         raise ValueError(f"unknown part {part!r}")
 
