@@ -1,9 +1,10 @@
 """Brax environments (`brax/<name>`, `common/braxenv.py`) through the rollout every algorithm
 uses: time limits kept apart from terminations, with the true final observation, so that GAE
 bootstraps a truncated step and not a terminated one; a fresh random start for every episode;
-and each algorithm training on one, from Python and from the command line with evaluation and
-an HTML video. Skipped where Brax is not installed (`pip install -e ".[brax]"`; CI installs
-it). The spring pipeline compiles fastest; what is tested here is the wrapper, not physics.
+and each algorithm training on one, from Python and through the command line's `main` (in this
+process) with evaluation and an HTML video. Skipped where Brax is not installed (`pip install
+-e ".[brax]"`; CI installs it). The spring pipeline compiles fastest; what is tested here is
+the wrapper, not physics. The tests share the environments they make (`brax_env`).
 """
 
 import functools
@@ -20,6 +21,7 @@ import pytest
 pytest.importorskip("brax")
 
 from algos.evaluate import main as evaluate  # noqa: E402
+from algos.ppo import main as ppo_main  # noqa: E402
 from common.braxenv import BraxParams  # noqa: E402
 from common.envs import make_env  # noqa: E402
 from common.gae import gae  # noqa: E402
@@ -32,6 +34,13 @@ BACKEND = "spring"
 LIMIT, STEPS, ENVS = 20, 64, 4
 
 
+@functools.cache
+def brax_env(name: str, backend: str = BACKEND):
+    """`make_env(f"brax/{name}", backend)`, made once for the tests that only read it or build
+    programs of it."""
+    return make_env(f"brax/{name}", backend)
+
+
 FRESH_STARTS = [1.0, 0.25]
 """A reset of every environment at every step, and a pool of fresh starts for a quarter of
 the transitions (`common/rollout.py`; 64 starts, for the 20-odd episodes that end)."""
@@ -42,7 +51,7 @@ def pendulum_rollout(fresh_starts):
     """64 steps of 4 inverted pendulums with a 20-step time limit: environments 0 and 1 push
     the cart hard (the pole falls: terminations), 2 and 3 do nothing (the pole stays up for
     the whole episode: truncations)."""
-    env, _, spec = make_env("brax/inverted_pendulum", BACKEND)
+    env, _, spec = brax_env("inverted_pendulum")
     params = BraxParams(max_steps_in_episode=LIMIT)
 
     def policy(key, obs, first, hidden):
@@ -143,15 +152,12 @@ def trained(metrics: dict, reward_count):
     assert float(np.min(reward_count)) > 100  # rewards were normalised
 
 
-@pytest.mark.subprocess
 def test_the_command_line_trains_evaluates_and_renders_a_brax_run(tmp_path, capsys):
-    run = subprocess.run(
-        [sys.executable, "algos/ppo.py", "--env-id", "brax/inverted_pendulum", "--brax-backend",
-         BACKEND, "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
-         "--total-timesteps", "512", "--checkpoint-every", "1", "--log-dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "Traceback" not in run.stderr
+    """`algos/ppo.py`'s `main` and `algos/evaluate.py`'s, in this process (a real process of
+    the command line: `test_algorithms.py`)."""
+    ppo_main(["--env-id", "brax/inverted_pendulum", "--brax-backend", BACKEND, "--num-envs",
+              "4", "--num-steps", "16", "--num-minibatches", "2", "--total-timesteps", "512",
+              "--checkpoint-every", "1", "--log-dir", str(tmp_path)])
     [path] = [os.path.join(d, f) for d, _, files in os.walk(tmp_path) for f in files
               if f == "latest.msgpack"]
     record = checkpoint.load(path)
@@ -190,24 +196,29 @@ def test_the_swimmer_runs_on_its_one_pipeline_and_names_it_on_another():
     viscosity at 0). Asked for another pipeline, `make_env` says which one to pass."""
     import copy
 
-    env, params, _ = make_env("brax/swimmer", "generalized")
+    env, params, _ = brax_env("swimmer", "generalized")
+    kick = jnp.ones(env.action_space(params).shape)
     key = jax.random.PRNGKey(0)
     obs, state = jax.jit(env.reset)(key, params)
-    kick = jnp.ones(env.action_space(params).shape)
-
-    def kicked(brax_env):
-        pipeline_state, step = state.brax.pipeline_state, jax.jit(
-            lambda s: brax_env.pipeline_step(s, kick))
-        for _ in range(10):
-            pipeline_state = step(pipeline_state)
-        return float(jnp.abs(pipeline_state.qd).sum())
-
-    moved, new_state, reward = jax.jit(lambda s: env.step_env(key, s, kick, params))(state)[:3]
+    moved, _, reward = jax.jit(lambda s: env.step_env(key, s, kick, params))(state)[:3]
     assert np.isfinite(moved).all() and np.isfinite(float(reward))
     assert not np.allclose(moved, obs)
-    dry = copy.copy(env.env)
-    dry.sys = env.env.sys.replace(density=0.0, viscosity=0.0)
-    wet_speed, dry_speed = kicked(env.env), kicked(dry)
+
+    @jax.jit
+    def ten_kicks(system, pipeline_state):
+        """The joint speeds after ten kicks with the physics `system` (an argument: one
+        program for the swimmer in water and out of it)."""
+        swimmer = copy.copy(env.env)
+        swimmer.sys = system
+        kicked = jax.lax.fori_loop(0, 10, lambda _, p: swimmer.pipeline_step(p, kick),
+                                   pipeline_state)
+        return jnp.abs(kicked.qd).sum()
+
+    wet = env.env.sys
+    dry = wet.replace(density=jnp.zeros_like(wet.density),
+                      viscosity=jnp.zeros_like(wet.viscosity))
+    wet_speed, dry_speed = (float(ten_kicks(system, state.brax.pipeline_state))
+                            for system in (wet, dry))
     assert np.isfinite(wet_speed) and 0 < wet_speed < 0.75 * dry_speed, (wet_speed, dry_speed)
     with pytest.raises(ValueError, match="brax/swimmer runs on Brax's generalized physics "
                                          "pipeline only, not positional: pass --brax-backend "
@@ -223,7 +234,7 @@ def test_no_brax_state_keeps_a_key_as_brax_env_declares():
     from common.braxenv import BRAX_ENVS, BRAX_ONLY_ON
 
     for name in BRAX_ENVS:
-        env, params, _ = make_env(f"brax/{name}", BRAX_ONLY_ON.get(name, (BACKEND,))[0])
+        env, params, _ = brax_env(name, BRAX_ONLY_ON.get(name, (BACKEND,))[0])
         assert env.keeps_keys is False
         state = jax.eval_shape(lambda k: env.reset(k, params)[1], jax.random.key(0))
         assert not any(jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
