@@ -163,13 +163,15 @@ def test_each_policy_resets_at_episode_starts_and_the_update_recomputes_what_it_
 def test_with_a_zero_learning_rate_the_learner_sees_the_policy_that_acted(algo, core):
     """No step changes the parameters, so the learner's recomputed policy over every minibatch
     of whole sequences must be the one that acted: KL(acting || learner) = 0 in every update
-    (a recurrent state not reset, or not recomputed from the stored start, would show here)."""
+    (a recurrent state not reset, or not recomputed from the stored start, would show here).
+    All the run's updates in one call: the program `test_algorithms.py` compiles too."""
     run = tiny_run(algo, core)
     frozen = run.hp._replace(learning_rate=jnp.float32(0))
     state = run.init(run.keys[0], frozen)
     sharper = {f: jax.tree.map(lambda x: 4.0 * x, getattr(state, f))  # far from uniform: a
                for f in ("params", "past_params") if hasattr(state, f)}  # mistake would show
-    _, metrics = run.run_updates(state._replace(**sharper), frozen, jnp.arange(4))
+    _, metrics = run.run_updates(state._replace(**sharper), frozen,
+                                 jnp.arange(run.config.num_updates))
     assert np.abs(np.asarray(metrics["approx_kl"])).max() < 1e-6
     if algo == "ppo":
         np.testing.assert_array_equal(metrics["clipfrac"], 0.0)
@@ -203,9 +205,9 @@ def test_evaluation_carries_the_state_through_the_episode(core):
     obs = jax.random.normal(jax.random.PRNGKey(2), (5, 3, 2))
     first = jnp.zeros((5, 3), bool).at[0].set(True)
     # act step by step == the network over the whole sequence
-    hidden, actions = run.train.initial_hidden(3), []
+    hidden, actions, act = run.train.initial_hidden(3), [], jax.jit(run.train.act)
     for t in range(5):
-        action, hidden = run.train.act(state, obs[t], first[t], hidden)
+        action, hidden = act(state, obs[t], first[t], hidden)
         actions.append(action)
     network = run.module.ActorCritic(spec, run.config.hidden_size, run.config.activation,
                                      False, core)
