@@ -304,8 +304,9 @@ def test_an_update_s_epochs_carry_the_optimiser_s_state_as_a_tree_off_a_cpu_vect
             patch.setattr(jax, "default_backend", lambda: backend)  # as traced there
             train = module.make_train(config)
             state = jax.eval_shape(train.init, jax.random.PRNGKey(0))
-            jaxpr = jax.make_jaxpr(train)(jax.random.PRNGKey(0)).jaxpr
-            ends[backend] = jax.jit(train)(jax.random.PRNGKey(0))[0]
+            traced = jax.jit(train).trace(jax.random.PRNGKey(0))  # checked, then compiled
+            jaxpr = traced.jaxpr.jaxpr
+            ends[backend] = traced.lower().compile()(jax.random.PRNGKey(0))[0]
         size = sum(x.size for x in jax.tree.leaves(state.params))
         moments = [tuple(x.shape) for x in jax.tree.leaves(state.opt_state)].count((size,))
         assert moments == {"ppo": 2, "impala": 1}[algo]  # Adam's mu and nu; RMSProp's nu
