@@ -3,6 +3,7 @@ happens when one dies. Helpers from `tests/test_scaling.py` (subprocesses under 
 `timeout -k`, ports chosen free)."""
 
 import glob
+import json
 import queue
 import subprocess
 import sys
@@ -13,13 +14,15 @@ import jax
 import numpy as np
 import pytest
 
-from test_scaling import ROOT, SHORT, cli, env, final_state, free_port, hard_timeout
+from algos.ppo import main
+from test_scaling import ROOT, SHORT, env, final_state, free_port, hard_timeout
 
 pytestmark = pytest.mark.subprocess  # every test here starts Python processes
 
 
 # ------------------------------------------------------------------ several processes
-DUMPING_PARAMETERS = """
+TWO_RUNS = """
+import json
 import sys
 
 import jax
@@ -28,45 +31,69 @@ import numpy as np
 from algos.ppo import main
 from common.host import output
 
-folder, same_everywhere = sys.argv.pop(1), output.same_everywhere
+folder, runs, same_everywhere = sys.argv[1], json.loads(sys.argv[2]), output.same_everywhere
 
 
-def dumped(params, replicated):  # this process's copies, before the processes compare them
-    np.savez(f"{folder}/params-{jax.process_index()}.npz",
-             *[np.asarray(leaf.addressable_shards[0].data) for leaf in jax.tree.leaves(params)])
+def dumped(params, replicated):  # this process's copy, before the processes compare them
+    if replicated:
+        np.savez(f"{folder}/params-{jax.process_index()}.npz",
+                 *[np.asarray(leaf.addressable_shards[0].data) for leaf in jax.tree.leaves(params)])
     return same_everywhere(params, replicated)
 
 
 output.same_everywhere = dumped
-main()
+for args in runs:
+    main(args)
 """
-"""`algos/ppo.py` that also saves, at the end, each process's own copy of the parameters
-(the first of its devices') to `{folder}/params-{process}.npz`: `python -c` this, the folder,
-then the flags."""
+"""Runs `algos/ppo.py`'s command line once for each list of flags in `runs`, one after the
+other in this process (one start of JAX and of `jax.distributed`), and, for a data-parallel
+run, saves at its end this process's own copy of the parameters (its first device's) to
+`{folder}/params-{process}.npz`: `python -c` this, the folder, then `runs` as JSON."""
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """Two `jax.distributed` processes of 2 CPU devices each that train `SHORT` together
+    twice: 4 seeds, one per device (`--parallel seeds`), then one agent per seed on all 4
+    devices (`--parallel data`, 2 seeds): `(folder, [process 0's, process 1's
+    CompletedProcess])`, the runs' logs in `folder/seeds` and `folder/data`."""
+    folder = tmp_path_factory.mktemp("two_processes")
+    address = f"127.0.0.1:{free_port()}"
+    runs = [SHORT + ["--parallel", parallel, "--num-seeds", seeds, "--log-dir",
+                     str(folder / parallel), "--coordinator-address", address,
+                     "--num-processes", "2", "--distributed-timeout", "30"]
+            for parallel, seeds in (("seeds", "4"), ("data", "2"))]
+    processes = [subprocess.Popen(hard_timeout(240) + [
+        sys.executable, "-c", TWO_RUNS, str(folder),
+        json.dumps([run + ["--process-id", str(i)] for run in runs])], cwd=ROOT,
+        env=env(devices=2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)]
+    results = []
+    for p in processes:
+        out, err = p.communicate()
+        assert p.returncode not in (124, 137), f"process hung:\n{err[-3000:]}"
+        results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    return folder, results
 
 
 @pytest.mark.parametrize("parallel", ["seeds", "data"])
-def test_two_processes_on_localhost(parallel, tmp_path):
-    """Seeds: 2 devices per process, so each process runs one program per device, its parts
-    of global arrays that span both processes; data: 1 device per process, and the two
-    processes' copies of the parameters are compared here, bitwise, with each other and with
-    the checkpoint (not only by the command line's own check)."""
-    devices = 2 if parallel == "seeds" else 1
-    p0, p1 = cli(SHORT + ["--parallel", parallel, "--num-seeds", str(2 * devices)],
-                 processes=2, devices=devices, log_dir=tmp_path / "runs",
-                 program=("-c", DUMPING_PARAMETERS, str(tmp_path)))
+def test_two_processes_on_localhost(parallel, two_runs, capsys):
+    """Seeds: each process runs one program per device, its parts of global arrays that span
+    both processes; data: every device's gradients averaged across both processes, and the
+    two processes' copies of the parameters are compared here, bitwise, with each other and
+    with the checkpoint (not only by the command line's own check)."""
+    folder, (p0, p1) = two_runs
     for r in (p0, p1):
         assert r.returncode == 0, r.stderr[-3000:]
-    assert f"on {2 * devices} device(s), parallel {parallel}, 2 processes" in p0.stdout, \
-        p0.stdout
+    assert f"on 4 device(s), parallel {parallel}, 2 processes" in p0.stdout, p0.stdout
     assert "done:" not in p1.stdout  # only process 0 logs and writes
     # Every process compared its devices' copies of the parameters with process 0's.
-    assert "parameters identical on all 2 processes" in p0.stdout, p0.stdout
-    record = final_state(tmp_path / "runs")
+    assert p0.stdout.count("parameters identical on all 2 processes") == 2, p0.stdout
+    record = final_state(folder / parallel)
     assert record["update"] == 8
     if parallel == "data":  # the same parameters, bit for bit, on both and in the checkpoint
         saved = jax.tree.leaves(record["train_state"]["params"])
-        ours, theirs = (np.load(tmp_path / f"params-{i}.npz") for i in (0, 1))
+        ours, theirs = (np.load(folder / f"params-{i}.npz") for i in (0, 1))
         assert len(ours.files) == len(theirs.files) == len(saved) > 0
         for name, checkpointed in zip(ours.files, saved):
             a, b = ours[name], theirs[name]
@@ -77,12 +104,12 @@ def test_two_processes_on_localhost(parallel, tmp_path):
         for name in ("episodic_return", "value_loss", "approx_kl"):
             np.testing.assert_allclose(record["metrics"][name], reference[name], rtol=1e-4,
                                        atol=1e-5, err_msg=name)
-    if parallel == "seeds":  # resumed alone: the saved process options are not inherited
-        (path,) = glob.glob(str(tmp_path / "runs" / "*" / "latest.msgpack"))
-        (alone,) = cli(["--resume", path], seconds=60, devices=2,
-                       log_dir=tmp_path / "runs")
-        assert alone.returncode == 0, alone.stderr[-2000:]
-        assert "nothing to do" in alone.stdout and "is at update 8 of 8" in alone.stdout
+        # Resumed alone (here, in this one process): the saved process options are not
+        # inherited; the run is already complete, so nothing is trained.
+        (path,) = glob.glob(str(folder / parallel / "*" / "latest.msgpack"))
+        main(["--resume", path])
+        out = capsys.readouterr().out
+        assert "nothing to do" in out and "is at update 8 of 8" in out, out
 
 
 def python_api_metrics(args):

@@ -57,26 +57,6 @@ def run(command, seconds, **kwargs):
     return result
 
 
-def cli(args, seconds=180, processes=1, devices=None, log_dir=None, program=("algos/ppo.py",)):
-    """Run `algos/ppo.py` (or Python's arguments `program` that run it) in `processes`
-    coordinated processes; the CompletedProcess of each."""
-    base = [sys.executable, *program, *args, "--log-dir", str(log_dir)]
-    if processes == 1:
-        return [run(base, seconds, env=env(devices))]
-    address = f"127.0.0.1:{free_port()}"
-    runs = [subprocess.Popen(hard_timeout(seconds) + base + [
-        "--coordinator-address", address, "--num-processes", str(processes),
-        "--process-id", str(i), "--distributed-timeout", "30"], cwd=ROOT,
-        env=env(devices), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(processes)]
-    results = []
-    for r in runs:
-        out, err = r.communicate()
-        assert r.returncode not in (124, 137), f"process hung:\n{err[-3000:]}"
-        results.append(subprocess.CompletedProcess(r.args, r.returncode, out, err))
-    return results
-
-
 def final_state(log_dir):
     (path,) = glob.glob(os.path.join(str(log_dir), "*", checkpoint.LATEST))
     return checkpoint.load(path)
