@@ -34,12 +34,15 @@ def draws(key):
 
 
 def test_straight_keys_draw_jax_s_bits_eagerly_jitted_and_vmapped():
+    """Eagerly (op by op), jitted, and vmapped (under `jit`: the same batching rules as an
+    eager `vmap`, in one program rather than one for each operation)."""
     raw = jax.random.PRNGKey(1234)
     wrapped = jax.random.wrap_key_data(raw, impl=THREEFRY)
+    keys = jax.random.split(raw, 3)
     for got, want in [(draws(wrapped), draws(raw)),
                       (jax.jit(lambda k: draws(straight_keys(k)))(raw), jax.jit(draws)(raw)),
-                      (jax.vmap(lambda k: draws(straight_keys(k)))(jax.random.split(raw, 3)),
-                       jax.vmap(draws)(jax.random.split(raw, 3)))]:
+                      (jax.jit(jax.vmap(lambda k: draws(straight_keys(k))))(keys),
+                       jax.jit(jax.vmap(draws))(keys))]:
         for g, w in zip(got, want, strict=True):
             assert g.dtype == w.dtype and g.shape == w.shape
             np.testing.assert_array_equal(g, w)
