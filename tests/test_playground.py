@@ -1,11 +1,12 @@
 """MuJoCo Playground's Control Suite (`playground/<Task>`, `common/playgroundenv.py`) through
 the rollout every algorithm uses: the time limit a truncation with the true final observation,
-every episode a fresh random start (with the pool and without), the actuators' bounds; PPO's
-command line (its `main`, in this process) with a checkpoint, evaluation and an HTML video;
-and the bad input of this extra, one line and exit status 2 before compiling (training from
-Python: `test_playground_train.py`). The tests share one environment and the rollouts' two
-programs (MJX's programs compile slowly on a CPU). Skipped where Playground is not installed
-(`pip install -e ".[playground]"`; CI installs it).
+every episode a fresh random start (with the pool and without), the actuators' bounds; IMPALA
+training through its command line (its `main`, in this process) with a checkpoint, evaluation
+and an HTML video; and the bad input of this extra, one line and exit status 2 before
+compiling (A2C training and PPO learning from Python: `test_playground_train.py`). The tests
+share one environment and the rollouts' two programs (MJX's programs compile slowly on a
+CPU). Skipped where Playground is not installed (`pip install -e ".[playground]"`; CI installs
+it).
 """
 
 import functools
@@ -23,6 +24,7 @@ pytest.importorskip("mujoco_playground")
 from mujoco import mjx  # noqa: E402
 
 import algos.evaluate as evaluate_entry  # noqa: E402
+from algos.impala import main as impala_main  # noqa: E402
 from algos.ppo import main as ppo_main  # noqa: E402
 from common.envs import check_env_id, known_env_ids, make_env  # noqa: E402
 from common.host import checkpoint, cli  # noqa: E402
@@ -172,16 +174,23 @@ def test_without_playground_a_playground_task_is_one_line_and_exit_2_before_comp
 
 def test_the_command_line_trains_checkpoints_evaluates_and_renders(tmp_path, capsys,
                                                                    monkeypatch):
-    """`algos/ppo.py`'s `main` and `algos/evaluate.py`'s, in this process (a real process of
-    the command line: `test_algorithms.py`): the checkpoint holds MJX's data, which the
+    """IMPALA's command line (`algos/impala.py`'s `main`) and `algos/evaluate.py`'s, in this
+    process (a real process of the command line: `test_algorithms.py`): IMPALA trains on the
+    task (its Python training test: the losses finite, the rewards normalised; A2C's and PPO's
+    are in `test_playground_train.py`), the checkpoint holds MJX's data, which the
     evaluation's restore puts back into MJX's own types."""
-    ppo_main(["--env-id", TASK, "--num-envs", "4", "--num-steps", "16", "--num-minibatches",
-              "2", "--total-timesteps", "512", "--checkpoint-every", "4", "--log-dir",
-              str(tmp_path)])
+    impala_main(["--env-id", TASK, "--num-envs", "4", "--num-steps", "16", "--total-timesteps",
+                 "512", "--checkpoint-every", "4", "--log-dir", str(tmp_path)])
     [path] = [os.path.join(d, f) for d, _, files in os.walk(tmp_path) for f in files
               if f == "latest.msgpack"]
     record = checkpoint.load(path)
-    assert record["config"]["gamma"] == 0.995  # the preset, under the flags given
+    config = record["config"]  # the preset, under the flags given
+    assert config["gamma"] == 0.995 and config["actor_lag"] == 1 and config["normalize_reward"]
+    for name, value in record["metrics"].items():
+        if name not in ("episodic_return", "episodic_length", "repeated_starts"):
+            assert np.isfinite(value).all(), name
+    assert np.asarray(record["metrics"]["learning_rate"]).size == 8  # 8 updates of 64 steps
+    assert float(np.min(record["train_state"]["reward_stats"]["count"])) > 100
     # MJX's data (a dataclass flax does not know) is in the checkpoint, field by field
     qpos = record["train_state"]["env"]["env_state"]["mjx"]["data"]["qpos"]
     assert np.asarray(qpos).shape == (1, 4, 2)  # [seeds, envs, nq]

@@ -1,7 +1,7 @@
-"""Training on MuJoCo Playground's Control Suite from Python: A2C and IMPALA run on
-CartpoleBalance, and PPO learns it with its CPU preset (the first 608k steps of its 1e6-step
-run). (Apart from `test_playground.py` so that the two files' compiles run on both workers.)
-Skipped where Playground is not installed.
+"""Training on MuJoCo Playground's Control Suite from Python: A2C runs on CartpoleBalance,
+and PPO learns it with its CPU preset (the first 608k steps of its 1e6-step run). IMPALA
+trains through its command line in `test_playground.py`, apart from this file so that the two
+files' compiles run on both workers. Skipped where Playground is not installed.
 """
 
 import importlib
@@ -18,13 +18,13 @@ from common.presets import PRESETS  # noqa: E402
 TASK = "playground/CartpoleBalance"
 
 
-@pytest.mark.parametrize("algo", ["a2c", "impala"])
-def test_a2c_and_impala_train_on_a_control_suite_task(algo):
-    module = importlib.import_module(f"algos.{algo}")
-    config = module.Config(env_id=TASK, num_envs=4, num_steps=16, total_timesteps=4 * 16 * 8,
-                           normalize_obs=True, normalize_reward=True,
-                           **(dict(actor_lag=1) if algo == "impala" else {}))
-    state, metrics = jax.jit(module.make_train(config))(jax.random.PRNGKey(0))
+def test_a2c_trains_on_a_control_suite_task():
+    """The losses finite, the rewards normalised. (IMPALA's run, checked alike, goes through
+    its command line in `test_playground.py`; PPO learns the task below.)"""
+    a2c = importlib.import_module("algos.a2c")
+    config = a2c.Config(env_id=TASK, num_envs=4, num_steps=16, total_timesteps=4 * 16 * 8,
+                        normalize_obs=True, normalize_reward=True)
+    state, metrics = jax.jit(a2c.make_train(config))(jax.random.PRNGKey(0))
     for name, value in metrics.items():
         if name not in ("episodic_return", "episodic_length", "repeated_starts"):
             assert np.isfinite(value).all(), name
