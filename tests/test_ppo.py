@@ -34,7 +34,7 @@ def test_learn_steps_at_the_learning_rate_of_the_update_it_is_given():
     train = make_train(config)
     state = jax.jit(train.init)(jax.random.PRNGKey(0))
     data = random_batch(config.batch_size)
-    learn = jax.jit(train.learn, static_argnums=4)
+    learn = jax.jit(train.learn)  # the update number traced, as in `run_updates`: one program
     num_updates = config.num_updates
 
     def step(update):
