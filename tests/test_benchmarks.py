@@ -138,15 +138,16 @@ class Blocked:
         if name.split(".")[0] in blocked:
             raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
 sys.meta_path.insert(0, Blocked())
-import jax
-from common.envs import make_env
 try:
-    env, params, _ = make_env("playground/CartpoleBalance")
-except ImportError as error:
+    import mujoco_playground
+except ImportError as error:  # for a module left out: fails; else skipped, as importorskip
     if (error.name or "").split(".")[0] in blocked:
         raise
-    print("cannot import:", error)  # not for a module left out: skipped
+    print("cannot import:", error)
     raise SystemExit(0)
+import jax
+from common.envs import make_env
+env, params, _ = make_env("playground/CartpoleBalance")
 obs, state = jax.jit(env.reset)(jax.random.PRNGKey(0), params)  # compiled: eager MJX is slow
 jax.jit(env.step)(jax.random.PRNGKey(1), state,
                   env.action_space(params).sample(jax.random.PRNGKey(2)), params)
