@@ -230,11 +230,13 @@ def test_no_brax_state_keeps_a_key_as_brax_env_declares():
     """`BraxEnv.keeps_keys` is False so that the rollout need not trace a reset to ask
     (`common.rollout.keeps_keys`): the reset of every Brax environment, traced abstractly from
     a typed key, holds no typed key (the swimmer on its generalized pipeline, every other on
-    spring: the state's structure is Brax's, the same on every pipeline)."""
-    from common.braxenv import BRAX_ENVS, BRAX_ONLY_ON
+    spring: the state's structure is Brax's, the same on every pipeline). Each is made by the
+    adapter's `make`, as `make_env` makes it, without the spec `make_env` traces a reset for.
+    """
+    from common.braxenv import BRAX_ENVS, BRAX_ONLY_ON, make
 
     for name in BRAX_ENVS:
-        env, params, _ = brax_env(name, BRAX_ONLY_ON.get(name, (BACKEND,))[0])
+        env, params = make(f"brax/{name}", BRAX_ONLY_ON.get(name, (BACKEND,))[0])
         assert env.keeps_keys is False
         state = jax.eval_shape(lambda k: env.reset(k, params)[1], jax.random.key(0))
         assert not any(jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
