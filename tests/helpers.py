@@ -178,7 +178,8 @@ def traces_around_make_env(monkeypatch, env_cls, backend: str, *make_env_args) -
     """The calls of `env_cls.reset` and `.step_env` (their Python running, as when traced)
     that `make_env(*make_env_args)` makes with `jax.default_backend()` forced to `backend`,
     and those after it, when a program of a first state and a 6-step rollout with the default
-    pool is lowered for 2 seeds x 2 environments: `(during make_env, both together)`."""
+    pool is traced for 2 seeds x 2 environments (`jit(...).trace`: the Python runs there, not
+    in lowering): `(during make_env, both together)`."""
     from common.envs import make_env
     from common.rollout import reset, rollout
 
@@ -202,5 +203,5 @@ def traces_around_make_env(monkeypatch, env_cls, backend: str, *make_env_args) -
     def run(key):
         return rollout(env, params, spec, policy, reset(env, params, key, 2), key, 6)
 
-    jax.jit(jax.vmap(run)).lower(jax.random.split(jax.random.PRNGKey(0), 2))
+    jax.jit(jax.vmap(run)).trace(jax.random.split(jax.random.PRNGKey(0), 2))
     return during, calls
