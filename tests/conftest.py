@@ -14,8 +14,9 @@ compiled the same way; where programs of different shapes must give the same bit
 one at a time against one call of `train`), both compile with the default emitters
 (`helpers.EXACT`), as a user's run does. The learning tests compile with these flags too:
 their programs run for seconds, but XLA's defaults would take about 8 s to compile each.
-`tests/hang_probe.py` sets its own flags, so the deadlock regression test runs with XLA's
-defaults. Set `ONPOLICY_TEST_DEFAULT_XLA=1` to run the suite with the default back end.
+`tests/hang_probe.py`, the deadlock regression test's process, compiles with them too: the
+deadlock is the runtime's, and shows under either. Set `ONPOLICY_TEST_DEFAULT_XLA=1` to run
+the suite with the default back end.
 
 Every test process, and every command-line run the tests start, shares one persistent
 compilation cache (`ONPOLICY_JAX_CACHE`), new for every session: a local run starts as cold as CI's clean
