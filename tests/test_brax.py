@@ -200,25 +200,30 @@ def test_the_swimmer_runs_on_its_one_pipeline_and_names_it_on_another():
     kick = jnp.ones(env.action_space(params).shape)
     key = jax.random.PRNGKey(0)
     obs, state = jax.jit(env.reset)(key, params)
-    moved, _, reward = jax.jit(lambda s: env.step_env(key, s, kick, params))(state)[:3]
-    assert np.isfinite(moved).all() and np.isfinite(float(reward))
-    assert not np.allclose(moved, obs)
 
     @jax.jit
-    def ten_kicks(system, pipeline_state):
-        """The joint speeds after ten kicks with the physics `system` (an argument: one
-        program for the swimmer in water and out of it)."""
-        swimmer = copy.copy(env.env)
-        swimmer.sys = system
-        kicked = jax.lax.fori_loop(0, 10, lambda _, p: swimmer.pipeline_step(p, kick),
-                                   pipeline_state)
-        return jnp.abs(kicked.qd).sum()
+    def ten_kicks(system, state):
+        """The first kick's observation and reward, and the summed joint speeds after ten,
+        stepped by `env.step_env` with Brax's physics `system` (an argument: one program for
+        the swimmer in water and out of it)."""
+        swimmer = copy.copy(env)
+        swimmer.env = copy.copy(env.env)
+        swimmer.env.sys = system
+
+        def kicked(state, _):
+            obs, state, reward = swimmer.step_env(key, state, kick, params)[:3]
+            return state, (obs, reward)
+
+        state, (obs, reward) = jax.lax.scan(kicked, state, length=10)
+        return obs[0], reward[0], jnp.abs(state.brax.pipeline_state.qd).sum()
 
     wet = env.env.sys
     dry = wet.replace(density=jnp.zeros_like(wet.density),
                       viscosity=jnp.zeros_like(wet.viscosity))
-    wet_speed, dry_speed = (float(ten_kicks(system, state.brax.pipeline_state))
-                            for system in (wet, dry))
+    moved, reward, wet_speed = ten_kicks(wet, state)
+    assert np.isfinite(moved).all() and np.isfinite(float(reward))
+    assert not np.allclose(moved, obs)
+    wet_speed, dry_speed = float(wet_speed), float(ten_kicks(dry, state)[2])
     assert np.isfinite(wet_speed) and 0 < wet_speed < 0.75 * dry_speed, (wet_speed, dry_speed)
     with pytest.raises(ValueError, match="brax/swimmer runs on Brax's generalized physics "
                                          "pipeline only, not positional: pass --brax-backend "
