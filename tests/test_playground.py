@@ -172,8 +172,8 @@ def test_without_playground_a_playground_task_is_one_line_and_exit_2_before_comp
     assert "Traceback" not in run.stderr and "step" not in run.stdout
 
 
-def test_the_command_line_trains_checkpoints_evaluates_and_renders(tmp_path, capsys,
-                                                                   monkeypatch):
+def test_impala_trains_from_the_command_line_checkpoints_evaluates_and_renders(
+        tmp_path, capsys, monkeypatch):
     """IMPALA's command line (`algos/impala.py`'s `main`) and `algos/evaluate.py`'s, in this
     process (a real process of the command line: `test_algorithms.py`): IMPALA trains on the
     task (its Python training test: the losses finite, the rewards normalised; A2C's and PPO's
