@@ -3,8 +3,9 @@ happens when one dies. Helpers from `tests/test_scaling.py` (subprocesses under 
 `timeout -k`, ports chosen free)."""
 
 import glob
-import json
+import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -21,8 +22,20 @@ pytestmark = pytest.mark.subprocess  # every test here starts Python processes
 
 
 # ------------------------------------------------------------------ several processes
-TWO_RUNS = """
-import json
+TIMEOUT = 10
+"""`--distributed-timeout`: the heartbeat timeout of the pairs of processes below."""
+BASE = ["--env-id", "CartPole-v1", "--num-envs", "4", "--num-steps", "32", "--update-epochs",
+        "1", "--checkpoint-every", "4", "--no-anneal-lr", "--distributed-timeout", str(TIMEOUT)]
+"""The runs of a pair: chunks of 4 updates, at a learning rate that does not depend on the
+run's length, so that a pair's short run (`SHORT_RUN`: 32 updates) and long run (`LONG_RUN`:
+20,000) compile the same programs (the long one finds them in the session's cache)."""
+SHORT_RUN, LONG_RUN = ["--total-timesteps", "4096"], ["--total-timesteps", "2560000"]
+LAYOUTS = {"seeds": dict(devices=2, seeds=4), "data": dict(devices=1, seeds=2)}
+"""Seeds: 2 devices per process, so each process runs one program per device, its parts of
+global arrays that span both processes; data: one device per process, every device's
+gradients averaged across both."""
+
+PAIR = """
 import sys
 
 import jax
@@ -31,7 +44,7 @@ import numpy as np
 from algos.ppo import main
 from common.host import output
 
-folder, runs, same_everywhere = sys.argv[1], json.loads(sys.argv[2]), output.same_everywhere
+folder, same_everywhere = sys.argv.pop(1), output.same_everywhere
 
 
 def dumped(params, replicated):  # this process's copy, before the processes compare them
@@ -42,55 +55,87 @@ def dumped(params, replicated):  # this process's copy, before the processes com
 
 
 output.same_everywhere = dumped
-for args in runs:
-    main(args)
+flags, lengths = sys.argv[1:-2], sys.argv[-2:]
+main(flags + ["--total-timesteps", lengths[0], "--log-dir", f"{folder}/short"])
+print("SHORT RUN DONE", flush=True)
+main(flags + ["--total-timesteps", lengths[1], "--log-dir", f"{folder}/long"])
 """
-"""Runs `algos/ppo.py`'s command line once for each list of flags in `runs`, one after the
-other in this process (one start of JAX and of `jax.distributed`), and, for a data-parallel
-run, saves at its end this process's own copy of the parameters (its first device's) to
-`{folder}/params-{process}.npz`: `python -c` this, the folder, then `runs` as JSON."""
+"""`algos/ppo.py`'s command line run twice in one process (one start of JAX and of
+`jax.distributed`): `python -c` this, a folder, the flags, then the short and the long run's
+`--total-timesteps`. The short run's logs go to `{folder}/short`, and, data-parallel, this
+process's own copy of its final parameters (its first device's) to
+`{folder}/params-{process}.npz`; `SHORT RUN DONE` on stdout once it has ended."""
 
 
-@pytest.fixture(scope="module")
-def two_runs(tmp_path_factory):
-    """Two `jax.distributed` processes of 2 CPU devices each that train `SHORT` together
-    twice: 4 seeds, one per device (`--parallel seeds`), then one agent per seed on all 4
-    devices (`--parallel data`, 2 seeds): `(folder, [process 0's, process 1's
-    CompletedProcess])`, the runs' logs in `folder/seeds` and `folder/data`."""
-    folder = tmp_path_factory.mktemp("two_processes")
-    address = f"127.0.0.1:{free_port()}"
-    runs = [SHORT + ["--parallel", parallel, "--num-seeds", seeds, "--log-dir",
-                     str(folder / parallel), "--coordinator-address", address,
-                     "--num-processes", "2", "--distributed-timeout", "30"]
-            for parallel, seeds in (("seeds", "4"), ("data", "2"))]
-    processes = [subprocess.Popen(hard_timeout(240) + [
-        sys.executable, "-c", TWO_RUNS, str(folder),
-        json.dumps([run + ["--process-id", str(i)] for run in runs])], cwd=ROOT,
-        env=env(devices=2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(2)]
-    results = []
-    for p in processes:
-        out, err = p.communicate()
-        assert p.returncode not in (124, 137), f"process hung:\n{err[-3000:]}"
-        results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-    return folder, results
+@pytest.fixture(scope="module", params=list(LAYOUTS))
+def pair(request, tmp_path_factory):
+    """Two `jax.distributed` processes (`LAYOUTS[parallel]`) that train the short run
+    together, then start the long one, in which process 1 is killed (SIGKILL: no goodbye)
+    once process 0 has trained past step 0; process 0 must then stop by itself. Returns a
+    dict: `parallel`, `folder`, `outputs` (stdout and stderr of each process up to the end
+    of the short run, both complete for process 1), `returncode` (process 0's), `after_kill`
+    (process 0's lines after its peer's death) and `hung` (process 0 still running
+    `4 * TIMEOUT` s after)."""
+    parallel = request.param
+    layout, folder = LAYOUTS[parallel], tmp_path_factory.mktemp(f"pair_{parallel}")
+    command = [sys.executable, "-u", "-c", PAIR, str(folder), *BASE, "--parallel", parallel,
+               "--num-seeds", str(layout["seeds"]), "--coordinator-address",
+               f"127.0.0.1:{free_port()}", "--num-processes", "2", "--process-id"]
+    lengths = [SHORT_RUN[1], LONG_RUN[1]]
+    # Process 1 is not under `timeout`: the kill must reach the Python process itself.
+    # Process 0 and its `timeout` have a process group of their own, ended as one.
+    survivor = subprocess.Popen(hard_timeout(300) + command + ["0", *lengths], cwd=ROOT,
+                                env=env(layout["devices"]), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    victim = subprocess.Popen(command + ["1", *lengths], cwd=ROOT, env=env(layout["devices"]),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in survivor.stdout] + [lines.put(None)],
+                     daemon=True).start()
+    seen, hung = [], False
+    try:
+        deadline, short_done = time.monotonic() + 240, False
+        while True:  # the short run, then the long one's training: a progress line past 0
+            line = lines.get(timeout=max(1.0, deadline - time.monotonic()))
+            assert line is not None, "process 0 ended before training:\n" + "".join(seen)
+            seen.append(line)
+            short_done = short_done or line.startswith("SHORT RUN DONE")
+            if short_done and "SPS per run" in line and "step            0/" not in line:
+                break
+        victim.kill()
+        try:
+            survivor.wait(timeout=TIMEOUT * 4)
+        except subprocess.TimeoutExpired:
+            hung = True
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait()
+        if survivor.poll() is None:
+            os.killpg(survivor.pid, signal.SIGKILL)
+            survivor.wait()
+    rest = []
+    while (line := lines.get(timeout=10)) is not None:
+        rest.append(line)
+    return dict(parallel=parallel, folder=folder, returncode=survivor.returncode, hung=hung,
+                outputs=["".join(seen), victim.stdout.read()], after_kill="".join(rest))
 
 
-@pytest.mark.parametrize("parallel", ["seeds", "data"])
-def test_two_processes_on_localhost(parallel, two_runs, capsys):
-    """Seeds: each process runs one program per device, its parts of global arrays that span
-    both processes; data: every device's gradients averaged across both processes, and the
-    two processes' copies of the parameters are compared here, bitwise, with each other and
-    with the checkpoint (not only by the command line's own check)."""
-    folder, (p0, p1) = two_runs
-    for r in (p0, p1):
-        assert r.returncode == 0, r.stderr[-3000:]
-    assert f"on 4 device(s), parallel {parallel}, 2 processes" in p0.stdout, p0.stdout
-    assert "done:" not in p1.stdout  # only process 0 logs and writes
+def test_two_processes_on_localhost(pair, capsys):
+    """The short run of each layout (`LAYOUTS`) ends in both processes, process 0 alone
+    logging and writing; data: the two processes' copies of the parameters are compared
+    here, bitwise, with each other and with the checkpoint (not only by the command line's
+    own check); seeds: each seed is what one process computes alone, to float rounding."""
+    parallel, folder, (p0, p1) = pair["parallel"], pair["folder"], pair["outputs"]
+    devices = 2 * LAYOUTS[parallel]["devices"]
+    for out in (p0, p1):
+        assert "SHORT RUN DONE" in out, out[-3000:]
+    assert f"on {devices} device(s), parallel {parallel}, 2 processes" in p0, p0
+    assert "done:" not in p1  # only process 0 logs and writes
     # Every process compared its devices' copies of the parameters with process 0's.
-    assert p0.stdout.count("parameters identical on all 2 processes") == 2, p0.stdout
-    record = final_state(folder / parallel)
-    assert record["update"] == 8
+    assert "parameters identical on all 2 processes" in p0, p0
+    record = final_state(folder / "short")
+    assert record["update"] == 32
     if parallel == "data":  # the same parameters, bit for bit, on both and in the checkpoint
         saved = jax.tree.leaves(record["train_state"]["params"])
         ours, theirs = (np.load(folder / f"params-{i}.npz") for i in (0, 1))
@@ -100,16 +145,16 @@ def test_two_processes_on_localhost(parallel, two_runs, capsys):
             assert a.dtype == b.dtype == checkpointed.dtype and \
                 a.tobytes() == b.tobytes() == checkpointed.tobytes(), name
     if parallel == "seeds":  # each seed computed as one process computes it, to rounding
-        reference = python_api_metrics(SHORT + ["--num-seeds", "4"])
+        reference = python_api_metrics(BASE + SHORT_RUN + ["--num-seeds", "4"])
         for name in ("episodic_return", "value_loss", "approx_kl"):
             np.testing.assert_allclose(record["metrics"][name], reference[name], rtol=1e-4,
                                        atol=1e-5, err_msg=name)
         # Resumed alone (here, in this one process): the saved process options are not
         # inherited; the run is already complete, so nothing is trained.
-        (path,) = glob.glob(str(folder / parallel / "*" / "latest.msgpack"))
+        (path,) = glob.glob(str(folder / "short" / "*" / "latest.msgpack"))
         main(["--resume", path])
         out = capsys.readouterr().out
-        assert "nothing to do" in out and "is at update 8 of 8" in out, out
+        assert "nothing to do" in out and "is at update 32 of 32" in out, out
 
 
 def python_api_metrics(args):
@@ -126,57 +171,21 @@ def python_api_metrics(args):
     return jax.jit(jax.vmap(train))(keys, jax.vmap(lambda _: config.hparams())(keys))[1]
 
 
-@pytest.mark.parametrize("parallel", ["data", "seeds"])
-def test_a_dead_peer_stops_the_other_process_within_a_bounded_time(parallel, tmp_path):
-    """Kill process 1 mid-training (SIGKILL: no goodbye); process 0 must stop by itself with
+def test_a_dead_peer_stops_the_other_process_within_a_bounded_time(pair):
+    """Process 1 killed mid-training (the pair's long run); process 0 must stop by itself with
     a clear message, well within the heartbeat timeout plus a margin -- never hang. That it
     stopped by itself, for its peer: an error exit status (not 0, nor `hard_timeout`'s 124 or
     137) and a line that says a peer is gone; a hang shows as still running at the deadline."""
-    timeout = 10
-    address = f"127.0.0.1:{free_port()}"
-    long_run = ["--env-id", "CartPole-v1", "--total-timesteps", "2560000", "--num-envs", "4",
-                "--num-steps", "32", "--update-epochs", "1", "--checkpoint-every", "4",
-                "--parallel", parallel, "--num-seeds", "2" if parallel == "seeds" else "1",
-                "--coordinator-address", address, "--num-processes", "2",
-                "--distributed-timeout", str(timeout), "--log-dir", str(tmp_path)]
-    command = [sys.executable, "-u", "algos/ppo.py", *long_run, "--process-id"]
-    survivor = subprocess.Popen(hard_timeout(150) + command + ["0"], cwd=ROOT,
-                                env=env(devices=1), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-    victim = subprocess.Popen(command + ["1"], cwd=ROOT, env=env(devices=1),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    lines = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in survivor.stdout] + [lines.put(None)],
-                     daemon=True).start()
-    try:
-        deadline, seen = time.monotonic() + 100, []
-        while True:  # wait until training is under way: a progress line past step 0
-            line = lines.get(timeout=max(1.0, deadline - time.monotonic()))
-            assert line is not None, "process 0 ended before training:\n" + "".join(seen)
-            seen.append(line)
-            if "SPS per run" in line and "step            0/" not in line:
-                break
-        victim.kill()
-        try:
-            survivor.wait(timeout=timeout * 4)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"process 0 still running {timeout * 4} s after its peer died: it hangs")
-    finally:
-        for p in (victim, survivor):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    rest = []
-    while (line := lines.get(timeout=10)) is not None:
-        rest.append(line)
-    out = "".join(rest)
+    assert not pair["hung"], \
+        f"process 0 still running {TIMEOUT * 4} s after its peer died: it hangs"
+    out = pair["after_kill"]
     message = [line for line in out.splitlines() if "another process" in line or
                "another task died" in line]
     # Either a collective fails first (our one-line error, exit 1) or JAX's heartbeat check
     # does (its own "...another task died..." line, then abort).
-    assert survivor.returncode not in (0, 124, 137) and message, \
-        (survivor.returncode, out[-3000:])
-    print(f"process 0 stopped after its peer died, exit {survivor.returncode}: "
+    assert pair["returncode"] not in (0, 124, 137) and message, \
+        (pair["returncode"], out[-3000:])
+    print(f"process 0 stopped after its peer died, exit {pair['returncode']}: "
           f"{message[0][:200]}")
 
 
