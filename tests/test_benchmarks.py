@@ -21,7 +21,9 @@ from helpers import tiny_run
 
 
 def test_a_sweep_runs_every_grid_point_with_the_same_seeds_in_order():
-    """`run_grid`'s run i * seeds + j is grid point i trained alone with seed `seed + j`."""
+    """`run_grid`'s run i * seeds + j is grid point i trained alone with seed `seed + j` (as
+    `TinyRun.alone` runs it: `init`, then the updates, programs `test_algorithms.py` compiles
+    too)."""
     tiny = tiny_run("a2c")
     grid = {"learning_rate": [7e-4, 3e-3], "ent_coef": [0.0, 0.05]}
     points, metrics, _, _ = sweep.run_grid(tiny.module, tiny.config, grid, seeds=2, seed=5)
@@ -29,7 +31,7 @@ def test_a_sweep_runs_every_grid_point_with_the_same_seeds_in_order():
     for i, point in enumerate(points):
         hp = tiny.hp._replace(**{k: jnp.float32(v) for k, v in point.items()})
         for j in range(2):
-            _, alone = tiny.single(jnp.asarray(seed_keys(5 + j, 1)[0]), hp)
+            _, alone = tiny.alone(jnp.asarray(seed_keys(5 + j, 1)[0]), hp)
             for name in ("value_loss", "entropy"):
                 np.testing.assert_allclose(metrics[name][i * 2 + j], alone[name], rtol=1e-4,
                                            atol=1e-6, err_msg=f"point {point}, seed {5 + j}")
