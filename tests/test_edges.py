@@ -81,18 +81,52 @@ def test_runs_started_in_the_same_second_never_share_a_directory(same_second, tm
     assert "CartPole-v1__ppo__2__1700000000-2" in os.listdir(logs)
 
 
+CLAIM = """
+import os
+import sys
+import time
+
+from common.host import preflight
+from common.host.options import RunOptions
+
+config = type("Config", (), {"env_id": "CartPole-v1"})()
+run = RunOptions(log_dir=sys.argv[1], exp_name="ppo")
+print("ready", flush=True)
+while not os.path.exists(sys.argv[2]):  # every process claims at once, in the same second
+    time.sleep(0.001)
+print(preflight.claim_run_dirs(config, run, 1_700_000_000, writer=True)[0], flush=True)
+"""
+"""A process that claims a run directory as the command line does (`claim_run_dirs`, at
+the run time 1700000000) once the file `sys.argv[2]` exists: `python -c` this, the log
+directory, that file. Prints `ready` when it waits, then the name it claimed."""
+
+
 @pytest.mark.subprocess
 def test_two_processes_started_together_get_two_directories(tmp_path):
-    command = [sys.executable, "algos/ppo.py", *TINY, "--log-dir", str(tmp_path)]
-    runs = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    for r in runs:
-        out, err = r.communicate(timeout=300)
-        assert r.returncode == 0, err[-2000:]
-    checkpoints = glob.glob(str(tmp_path / "*" / checkpoint.LATEST))
-    assert len(checkpoints) == 2, os.listdir(tmp_path)
-    for path in checkpoints:
-        assert checkpoint.load(path)["update"] == 16
+    """Two processes claim their run directory at the same moment, in the same second: each
+    gets its own (the claim is one atomic `mkdir`, never a check and then a make). That each
+    run then keeps its own checkpoint there: `test_runs_started_in_the_same_second_...`."""
+    go = tmp_path / "go"
+    runs = [subprocess.Popen(["timeout", "-k", "5", "60", sys.executable, "-c", CLAIM,
+                              str(tmp_path / "logs"), str(go)], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]  # under a hard timeout: a hang ends, and fails the test
+    try:
+        for r in runs:
+            assert r.stdout.readline() == "ready\n", r.stderr.read()[-2000:]
+        go.touch()
+        names = []
+        for r in runs:
+            out, err = r.communicate(timeout=60)
+            assert r.returncode == 0, err[-2000:]
+            names.append(out.strip())
+    finally:
+        for r in runs:
+            if r.poll() is None:
+                r.kill()
+                r.wait()
+    assert sorted(names) == [FIRST, SECOND], names
+    assert sorted(os.listdir(tmp_path / "logs")) == [FIRST, SECOND]
 
 
 # ------------------------------------------------------------------ checkpoints
