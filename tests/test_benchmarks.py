@@ -125,9 +125,10 @@ PLAYGROUND_LEFT_OUT = {"warp-lang": "warp", "mediapy": "mediapy", "ipython": "IP
 
 @pytest.mark.subprocess
 def test_a_control_suite_task_loads_without_what_the_accelerator_wheels_leave_out():
-    """A Playground task is made and stepped in a process where the modules of the packages
-    that `accelerator.WHEELS` leaves out cannot be imported, as on an accelerator machine
-    that has only those wheels. (Skipped where Playground is not installed or does not
+    """A Playground task is made, and its reset and step traced and lowered to XLA's input
+    (running the compiled programs imports nothing more), in a process where the modules of
+    the packages that `accelerator.WHEELS` leaves out cannot be imported, as on an
+    accelerator machine that has only those wheels. (Skipped where Playground is not installed or does not
     import for another reason, as `pytest.importorskip` would, but found out in that process
     rather than by importing Playground here too.)"""
     if importlib.util.find_spec("mujoco_playground") is None:
@@ -150,9 +151,9 @@ except ImportError as error:  # for a module left out: fails; else skipped, as i
 import jax
 from common.envs import make_env
 env, params, _ = make_env("playground/CartpoleBalance")
-obs, state = jax.jit(env.reset)(jax.random.PRNGKey(0), params)  # compiled: eager MJX is slow
-jax.jit(env.step)(jax.random.PRNGKey(1), state,
-                  env.action_space(params).sample(jax.random.PRNGKey(2)), params)
+obs, state = jax.jit(env.reset).lower(jax.random.PRNGKey(0), params).out_info
+jax.jit(env.step).lower(jax.random.PRNGKey(1), state,
+                        env.action_space(params).sample(jax.random.PRNGKey(2)), params)
 print("stepped", obs.shape, sorted(set(blocked) & set(sys.modules)))
 """
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
