@@ -96,6 +96,8 @@ COMPILE_LOG = {"compiling": "Finished jaxpr to MLIR module conversion jit(train)
                "training": "Finished XLA compilation of jit(train)"}
 """What JAX logs (`JAX_LOG_COMPILES`) as `train`'s program goes to XLA's compiler, and as
 it comes back from it."""
+JAX_LOG_LINES = ("Finished tracing ", "Compiling ", "Finished jaxpr to MLIR module conversion ",
+                 "Finished XLA compilation ")
 
 
 @pytest.mark.subprocess
@@ -115,7 +117,9 @@ def test_ctrl_c_ends_its_command_line_at_once_without_a_traceback(phase):
         if phase == "importing":
             time.sleep(0.5)
         else:
-            next(line for line in run.stderr if line.startswith(COMPILE_LOG[phase]))
+            logged = next((line for line in run.stderr if line.startswith(COMPILE_LOG[phase])),
+                          None)
+            assert logged, run.communicate()
         assert run.poll() is None, run.communicate()
         run.send_signal(signal.SIGINT)
         sent = time.monotonic()
@@ -124,7 +128,10 @@ def test_ctrl_c_ends_its_command_line_at_once_without_a_traceback(phase):
         watchdog.cancel()
     assert time.monotonic() - sent < 5.0
     assert run.returncode == -signal.SIGINT, (run.returncode, err[-2000:])
-    assert (out, err) == ("", "")  # nothing after the signal: no traceback, no last words
+    # nothing after the signal, no traceback, no last words; at most a compile-log line JAX
+    # wrote before the signal arrived (a busy machine may hold this process up)
+    assert out == "" and [line for line in err.splitlines()
+                          if not line.startswith(JAX_LOG_LINES)] == [], err[-2000:]
 
 
 @pytest.mark.parametrize("run_name, ipython, default_action", [
