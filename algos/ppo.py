@@ -595,6 +595,7 @@ def make_train(config: Config, live_progress: bool = False):
     train.policy, train.next_values = policy, next_values
     train.initial_hidden, train.progress = initial_hidden, progress
     train.env = env, env_params, spec
+    train.hparams = config.hparams  # the Config's HParams (common/pbt.py's default base)
     return train
 
 
