@@ -3,10 +3,11 @@ replaced now and then by perturbed copies of its best.
 
 Jaderberg, Dalibard, Osindero, Czarnecki, Donahue, Razavi, Vinyals, Green, Dunning, Simonyan,
 Fernando, Kavukcuoglu (2017), "Population Based Training of Neural Networks",
-arXiv:1711.09846: Sec. 3's `exploit` by truncation selection and `explore` by perturbation
-(or, with some probability, resampling from the prior), as EvoRL (Zheng et al. 2024, the
-EMI-Group's `evorl`, its PBT workflow) runs it in JAX: every member trains for `interval`
-updates, then, ranked by the mean episodic return of those updates,
+arXiv:1711.09846: its `exploit` by truncation selection and its `explore` by perturbation
+(or, with some probability, resampling from the prior), in the continuous form EvoRL runs
+in JAX (Zheng, Cheng, Tan (2025), "EvoRL: A GPU-accelerated Framework for Evolutionary
+Reinforcement Learning", arXiv:2501.15129; its PBT workflow). Every member trains for
+`interval` updates, then, ranked by the mean episodic return of those updates,
 
     n        = max(1, floor(fraction * P))              (members replaced; fraction <= 1/2)
     bottom   = the n worst members,  top = the n best   (disjoint)
@@ -19,15 +20,17 @@ updates, then, ranked by the mean episodic return of those updates,
 Scores that are NaN (no episode ended in the interval) rank below every number; ties rank
 the lower member index higher. A member not in `bottom` keeps everything bit for bit.
 
+The paper perturbs by a factor of 0.8 or 1.2; EvoRL, and this, by 1 + U(-f, f), f = 0.2.
 What differs from EvoRL: a member keeps its own environments and its own random stream when
 it is replaced (EvoRL copies the whole workflow state), so copies do not replay their
 source's episodes; the score is the training return of the interval, not a separate
-evaluation; each searched hyperparameter draws its own perturbation; and no step follows the
+evaluation; one `fraction` sizes both the bottom and the top, rounded down (EvoRL rounds two
+ratios); each searched hyperparameter draws its own perturbation; and no step follows the
 last interval (it would hand back, as the final population, copies trained by no one).
 
 `make_pbt_train(train, num_updates, space)` runs it all in one compiled program: the
 population's runs are `vmap(train.run_updates)`, and the exploit/explore step is array
-operations over the population axis (argsort, gathers, `jnp.where`), so it jits and never
+operations over the population axis (a sort, gathers, `jnp.where`), so it jits and never
 returns to the host. docs/pbt.md has the example and what is copied and why.
 """
 
@@ -38,6 +41,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+FLOAT32_MAX = 3.4028234663852886e38
 
 OWN_FIELDS = ("env", "key")
 """The `TrainState` fields a replaced member keeps as its own: its environments (their
@@ -142,6 +147,9 @@ def _check_range(r: Range):
         if not _real(getattr(r, end)):
             raise ValueError(f"Range {r.name!r}: {end} must be a finite number, got "
                              f"{getattr(r, end)!r}.")
+        if abs(getattr(r, end)) > FLOAT32_MAX:
+            raise ValueError(f"Range {r.name!r}: {end} {getattr(r, end)!r} is beyond float32's "
+                             f"range (about 3.4e38), the hyperparameters' type in the program.")
     if r.low > r.high:
         raise ValueError(f"Range {r.name!r}: low {r.low!r} > high {r.high!r}; give low <= high.")
     if not isinstance(r.log, bool):
