@@ -33,11 +33,11 @@ def data_parallel(train, devices=None):
     mesh = Mesh(np.array(devices or jax.devices()), (DATA_AXIS,))
 
     def run(*args):
-        state, metrics = jax.eval_shape(jax.vmap(train), *args)  # the output's structure
-        state_specs = jax.tree.map(lambda _: P(), state)._replace(
-            env=jax.tree.map(lambda _: P(None, DATA_AXIS), state.env))
+        # The state's type from `init` alone (tracing `train` twice would double the cost):
+        # one spec per field, a prefix of its leaves; the metrics' P() likewise.
+        state = jax.eval_shape(jax.vmap(train.init), *args)
+        state_specs = type(state)(*(P() for _ in state))._replace(env=P(None, DATA_AXIS))
         return jax.shard_map(jax.vmap(train), mesh=mesh, in_specs=P(),
-                             out_specs=(state_specs, jax.tree.map(lambda _: P(), metrics)),
-                             check_vma=False)(*args)
+                             out_specs=(state_specs, P()), check_vma=False)(*args)
 
     return jax.jit(run)
