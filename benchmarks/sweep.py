@@ -12,6 +12,19 @@ prints one line per grid point (final return: mean over the last 10% of updates,
 and the policy's mean entropy over the same updates, where a premature collapse shows) and
 writes `benchmarks/results/sweeps/<algo>__<env>__<tag>.json` with every run's curve (at most
 500 points, as `benchmarks/learning.py` saves them) and its final return and entropy.
+
+`--pbt RANGE ...` compares population-based training (`common/pbt.py`) with the grid over the
+same ranges, at the same total steps, each in one compiled call, `--experiments` times (the
+grid's runs take the PBT members' keys, experiment e seeds both from `--seed` + e):
+
+    python benchmarks/sweep.py --algo ppo --env-id Breakout-MinAtar --variant mlp5e6 \
+        --pbt learning_rate=1e-4:1e-2:log ent_coef=1e-3:1e-1:log --population 8 --interval 10 \
+        --grid learning_rate=3e-4,1e-3,3e-3,1e-2 ent_coef=3e-3,3e-2 --experiments 3
+
+Each experiment also trains, with `--baseline`, the PBT population's first members without
+PBT (`jit(vmap(train))` over the same keys and initial hyperparameters: a random search), whose
+time is the one PBT's steps add to. Writes `<algo>__<env>__<tag>.json` with each program's
+compile and train seconds, every run's final return, PBT's lineage and the curves.
 """
 import argparse
 import dataclasses
@@ -29,6 +42,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks.configs import (check_overrides, library_versions, parse_overrides,  # noqa: E402
                                 save_record, settings, source_commit, thin_curves)
+from common import pbt  # noqa: E402
 from common.host.logger import final_return, seed_keys  # noqa: E402
 from common.host.options import whole_number  # noqa: E402
 from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
@@ -45,6 +59,112 @@ def parse_grid(items, fields):
                              f"{', '.join(fields)}; got {item!r}.")
         grid[field] = [float(v) for v in values.split(",")]
     return grid
+
+
+def parse_ranges(items, fields):
+    """`["learning_rate=1e-4:1e-2:log", "ent_coef=0:0.05"]` -> a tuple of `pbt.Range`."""
+    ranges = []
+    for item in items:
+        field, sep, text = item.partition("=")
+        parts = text.split(":")
+        if not sep or field not in fields or len(parts) not in (2, 3) or \
+                (len(parts) == 3 and parts[2] != "log"):
+            raise SystemExit(f"error: --pbt takes FIELD=LOW:HIGH or FIELD=LOW:HIGH:log with "
+                             f"FIELD one of {', '.join(fields)}; got {item!r}.")
+        try:
+            ranges.append(pbt.Range(field, float(parts[0]), float(parts[1]), len(parts) == 3))
+        except ValueError as e:
+            raise SystemExit(f"error: --pbt {item!r}: {e}") from None
+    return tuple(ranges)
+
+
+def timed(fn, *args):
+    """`(outputs as NumPy, compile_s, train_s)` of `jax.jit(fn)(*args)`."""
+    start = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    out = jax.block_until_ready(compiled(*args))
+    return jax.tree.map(np.asarray, out), compile_s, time.perf_counter() - start
+
+
+def run_pbt_experiment(train, config, space, grid: dict, key, baseline: bool):
+    """One experiment: PBT from `key`, the grid's points with the members' keys (point i takes
+    member i's key, cycling), and with `baseline` the PBT population without its steps.
+    Returns a dict of NumPy results and timings."""
+    pbt_train = pbt.make_pbt_train(train, config.num_updates, space)
+    member_keys, key_hparams, _ = pbt.population_keys(key, space.population)
+    start_hparams = pbt.initial_hparams(key_hparams, config.hparams(), space)
+    (states, metrics, lineage), compile_s, train_s = timed(pbt_train, key)
+    out = {"pbt": dict(metrics=metrics, lineage=lineage, compile_s=compile_s, train_s=train_s,
+                       start_hparams=jax.tree.map(np.asarray, start_hparams))}
+    points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+    base = config.hparams()
+    grid_hparams = jax.tree.map(lambda *xs: jnp.stack(xs), *[
+        base._replace(**{k: jnp.float32(v) for k, v in p.items()}) for p in points])
+    grid_keys = member_keys[jnp.arange(len(points)) % space.population]
+    (_, metrics), compile_s, train_s = timed(jax.vmap(train), grid_keys, grid_hparams)
+    out["grid"] = dict(metrics=metrics, points=points, compile_s=compile_s, train_s=train_s)
+    if baseline:
+        (_, metrics), compile_s, train_s = timed(jax.vmap(train), member_keys, start_hparams)
+        out["baseline"] = dict(metrics=metrics, compile_s=compile_s, train_s=train_s)
+    return out
+
+
+def pbt_main(args, module, config, grid):
+    """`--pbt`: PBT against the grid, `--experiments` times; prints and saves the record."""
+    fields = [f for f in module.HParams._fields]
+    space = pbt.SearchSpace(parse_ranges(args.pbt, fields), args.population, args.interval)
+    if config.num_updates % space.interval:
+        raise SystemExit(f"error: --interval {space.interval} does not divide the run's "
+                         f"{config.num_updates} updates.")
+    train = module.make_train(config)
+    record, summary = {"experiments": []}, []
+    for e in range(args.experiments):
+        result = run_pbt_experiment(train, config, space, grid,
+                                    jax.random.PRNGKey(args.seed + e), args.baseline)
+        row = {}
+        for name, part in result.items():
+            final = final_return(part["metrics"]["episodic_return"])
+            row[name] = dict(final_return=np.round(final, 2).tolist(),
+                             best=round(float(np.nanmax(final)), 2),
+                             median=round(float(np.nanmedian(final)), 2),
+                             compile_s=round(part["compile_s"], 2),
+                             train_s=round(part["train_s"], 2))
+            print(f"experiment {e} {name:8s}: best {row[name]['best']:.2f}, median "
+                  f"{row[name]['median']:.2f} | compile {part['compile_s']:.1f}s, train "
+                  f"{part['train_s']:.1f}s | " + " ".join(f"{x:.1f}" for x in final), flush=True)
+        lineage = result["pbt"]["lineage"]
+        row["lineage"] = dict(source=lineage.source.tolist(), score=np.round(
+            lineage.score, 3).tolist(), hparams={r.name: np.asarray(getattr(
+                lineage.hparams, r.name)).tolist() for r in space.ranges},
+            start={r.name: np.asarray(getattr(result["pbt"]["start_hparams"], r.name)).tolist()
+                   for r in space.ranges})
+        step, curves, every = thin_curves(
+            np.asarray(result["pbt"]["metrics"]["global_step"])[0].tolist(),
+            np.stack([result[n]["metrics"]["episodic_return"] for n in result]))
+        row["curves"] = dict(names=list(result), global_step=step, updates_per_point=every,
+                             episodic_return=np.round(curves, 2).tolist())
+        record["experiments"].append(row)
+        summary.append(row)
+    wins = [(r["pbt"]["best"] >= r["grid"]["best"], r["pbt"]["median"] > r["grid"]["median"])
+            for r in summary]
+    print(f"PBT best >= grid best in {sum(w[0] for w in wins)} of {len(wins)}; PBT median > "
+          f"grid median in {sum(w[1] for w in wins)} of {len(wins)}")
+    if args.baseline:
+        ratios = [r["pbt"]["train_s"] / r["baseline"]["train_s"] for r in summary]
+        print("PBT train time / the same population without PBT: "
+              + " ".join(f"{x:.3f}" for x in ratios))
+    record.update({
+        "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
+        "commit": source_commit(), "versions": library_versions(),
+        "config": dataclasses.asdict(config), "grid": grid,
+        "pbt": dict(ranges=[r._asdict() for r in space.ranges], population=space.population,
+                    interval=space.interval, fraction=space.fraction, perturb=space.perturb,
+                    resample=space.resample),
+        "seeds": [args.seed + e for e in range(args.experiments)]})
+    path = save_record(record, args.out_dir, f"{args.algo}__{args.env_id}__{args.tag}")
+    print("saved", os.path.relpath(path, ROOT))
 
 
 def run_grid(module, config, grid: dict, seeds: int, seed: int = 1):
@@ -76,6 +196,14 @@ def main():
                         help="structural Config overrides, e.g. --set num_envs=64")
     parser.add_argument("--grid", nargs="+", required=True, metavar="FIELD=V1,V2",
                         help="float hyperparameters to sweep (the Cartesian product is run)")
+    parser.add_argument("--variant", default="", help="a benchmarks/configs.py VARIANTS entry")
+    parser.add_argument("--pbt", nargs="+", default=None, metavar="FIELD=LOW:HIGH[:log]",
+                        help="PBT against the grid over these ranges (module docstring)")
+    parser.add_argument("--population", type=int, default=8, help="--pbt: members")
+    parser.add_argument("--interval", type=int, default=10, help="--pbt: updates per step")
+    parser.add_argument("--experiments", type=int, default=1, help="--pbt: repetitions")
+    parser.add_argument("--baseline", action="store_true",
+                        help="--pbt: also the population without PBT (the time PBT adds)")
     parser.add_argument("--tag", default="sweep", help="suffix of the results file name")
     parser.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results",
                                                           "sweeps"))
@@ -86,7 +214,7 @@ def main():
     overrides = parse_overrides(args.set)
     args.total_timesteps = check_overrides(args.algo, module.Config, overrides,
                                            args.total_timesteps)
-    cell = {**settings(args.algo, args.env_id), **overrides}
+    cell = {**settings(args.algo, args.env_id, args.variant), **overrides}
     if args.total_timesteps is not None:
         cell["total_timesteps"] = args.total_timesteps
     try:
@@ -94,6 +222,8 @@ def main():
     except (TypeError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
     unroll_threefry_on_cpu()
+    if args.pbt:
+        return pbt_main(args, module, config, grid)
     points, metrics, compile_s, train_s = run_grid(module, config, grid, args.seeds, args.seed)
     returns = np.asarray(metrics["episodic_return"]).reshape(len(points), args.seeds, -1)
     final = final_return(returns)
