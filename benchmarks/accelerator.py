@@ -45,9 +45,12 @@ Steps, run in the order given:
     Hopper with PureJaxRL's accelerator settings (`PPO_BRAX_ACCELERATOR` in
     `common/presets.py`), 4 seeds vmapped in one program. Each run gets SIGINT at its share of
     `--brax-budget` seconds, which saves its last whole chunk of updates as Ctrl-C does, so a
-    slower run still reports how far it got; its curves then go to
-    `OUT/results/ppo__brax-<task>.json`, a results file that `table.py` reads (`train_s`: start
-    to stop, compiling included; `steps`: the steps each seed trained);
+    slower run still reports how far it got, and the pass goes on to the next task; each
+    task's `OUT/results/ppo__brax-<task>.json` has `compile_s` (the command line's compile
+    time), `train_s` (start to stop, compiling included), `steps` (the steps each seed
+    trained) and `stopped` (null where it ran to its end, else how far it got: a run stopped
+    before its first whole chunk of updates says so, and has no curves); with curves, it is a
+    results file that `table.py` reads;
   - `playground`: the same for MuJoCo Playground's CheetahRun and WalkerWalk with
     Playground's own PPO settings (`PPO_PLAYGROUND_ACCELERATOR`), under
     `--playground-budget`;
@@ -67,6 +70,7 @@ scale), a check of the plumbing on any machine in a few minutes, not a figure.
 import argparse
 import glob
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -171,16 +175,23 @@ class Log:
         self.file.flush()
 
 
-def run_step(log: Log, env: dict, limit_s: float, argv: list, stop=signal.SIGTERM) -> float:
+def run_step(log: Log, env: dict, limit_s: float, argv: list, stop=signal.SIGTERM,
+             lines: list | None = None) -> float:
     """Run `argv` from the checkout under a wall-clock limit: at `limit_s` it and the processes
     it started get `stop`, and a minute later whatever of them is left is killed. Returns the
-    seconds it ran."""
+    seconds it ran; what it printed is appended to `lines` as well, where given."""
     log.write(f"=== {' '.join(os.path.relpath(a, ROOT) if a.startswith(ROOT) else a for a in argv)}"
               f" (limit {limit_s:.0f} s)\n")
     start = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    reader = threading.Thread(target=lambda: [log.write(line) for line in proc.stdout])
+    def read():
+        for line in proc.stdout:
+            log.write(line)
+            if lines is not None:
+                lines.append(line)
+
+    reader = threading.Thread(target=read)
     reader.start()
     try:
         proc.wait(timeout=limit_s)
@@ -286,44 +297,76 @@ def brax_pass(log: Log, env: dict, args, results: str, playground: bool = False)
         command = ["algos/ppo.py", "--env-id", env_id, "--num-seeds", str(args.brax_seeds),
                    *(accelerator if flags is None else flags)]
         limit_s = share * budget
+        output = []
         wall = run_step(log, env, limit_s, [sys.executable, *command, "--log-dir", log_dir],
-                        stop=signal.SIGINT)
-        log.write(brax_record(command, log_dir, limit_s, wall, results) + "\n")
+                        stop=signal.SIGINT, lines=output)
+        try:
+            line = brax_record(command, log_dir, limit_s, wall, results, output)
+        except Exception as error:  # noqa: BLE001  (the next task still runs)
+            line = f"{env_id}: no results file ({type(error).__name__}: {error})"
+        log.write(line + "\n")
 
 
-def brax_record(command: list, log_dir: str, limit_s: float, wall: float, results: str) -> str:
-    """Save a command-line run's curves from its last checkpoint in `log_dir` as a results
-    file; returns a line that says what was saved."""
+COMPILED = re.compile(r"^compiled in ([0-9.]+)s$")
+"""The line the command line prints once its programs are compiled, before training."""
+
+
+def brax_record(command: list, log_dir: str, limit_s: float, wall: float, results: str,
+                output=()) -> str:
+    """Save a command-line run's results file from its last checkpoint in `log_dir` and the
+    lines it printed (`output`); returns a line that says what was saved.
+
+    Every run's file has `compile_s` (the command line's compile time; None: it never finished
+    compiling), `steps` (each seed's steps in its last checkpoint; 0 without one) and
+    `stopped` (None: it trained to its end; else how far it got). A run that saved a whole
+    chunk of updates has its curves and final returns too; one without them has no
+    `episodic_return`, so `table.py` lists no row for it."""
     import numpy as np
 
     from benchmarks.configs import library_versions, save_record, source_commit, thin_curves
     from common.host import checkpoint
     from common.host.logger import final_return
 
+    compiled = [float(m.group(1)) for line in output if (m := COMPILED.match(line.strip()))]
     paths = [os.path.join(d, checkpoint.LATEST) for d, _, files in os.walk(log_dir)
              if checkpoint.LATEST in files]
     env_id = command[2]
-    if not paths:
-        return f"{env_id}: no whole chunk of updates within {limit_s:.0f} s"
-    saved = checkpoint.load(paths[0])
-    returns = np.asarray(saved["metrics"]["episodic_return"], np.float64)
-    global_step, curves, every = thin_curves(saved["metrics"]["global_step"][0].tolist(),
-                                             returns)
+    saved = checkpoint.load(paths[0]) if paths else None
     record = {
         "command": " ".join(command),
         "commit": source_commit(),
         "versions": library_versions(),
-        "config": saved["config"],
+        "config": saved and saved["config"],
         "limit_s": round(limit_s, 1), "train_s": round(wall, 2),
-        "steps": int(saved["metrics"]["global_step"][0, -1]),
+        "compile_s": compiled[-1] if compiled else None,
+        "steps": 0, "stopped": None,
+    }
+    metrics = saved["metrics"] if saved else {}
+    if not metrics:  # nothing trained: stopped while compiling, or before a whole chunk
+        record["stopped"] = ("before its first whole chunk of updates" if compiled or saved
+                             else "while starting, before its programs were compiled")
+        path = save_record(record, results, f"ppo__{env_id}")
+        compile_text = f"compile {compiled[-1]:.1f} s" if compiled else "compile unknown"
+        return (f"{env_id}: stopped {record['stopped']} ({compile_text}, stopped at "
+                f"{wall:.0f} s): no curves -> {path}")
+    config = saved["config"]
+    num_updates = config["total_timesteps"] // (config["num_envs"] * config["num_steps"])
+    if saved["update"] < num_updates:
+        record["stopped"] = f"at update {saved['update']} of {num_updates}"
+    returns = np.asarray(metrics["episodic_return"], np.float64)
+    global_step, curves, every = thin_curves(metrics["global_step"][0].tolist(), returns)
+    record.update({
+        "steps": int(metrics["global_step"][0, -1]),
         "updates_per_point": every,
         "global_step": global_step,
         "episodic_return": np.round(curves, 2).tolist(),
         "final_return": np.round(final_return(returns), 4).tolist(),  # from every update
-    }
+    })
     path = save_record(record, results, f"ppo__{env_id}")
-    return (f"{env_id}: {record['steps']:,} steps per seed in {wall:.0f} s, final return per "
-            f"seed {np.round(record['final_return'], 1).tolist()} -> {path}")
+    stopped = f", stopped {record['stopped']}" if record["stopped"] else ""
+    return (f"{env_id}: {record['steps']:,} steps per seed in {wall:.0f} s (compile "
+            f"{record['compile_s']} s{stopped}), final return per seed "
+            f"{np.round(record['final_return'], 1).tolist()} -> {path}")
 
 
 def run(args, passes: list):

@@ -186,6 +186,48 @@ def test_an_accelerator_step_stops_at_its_limit_with_the_processes_it_started(tm
     assert not os.path.exists(status) or "zombie" in open(status).read(), "child left running"
 
 
+def test_an_accelerator_run_that_trained_no_whole_chunk_still_has_its_results_file(tmp_path):
+    """`accelerator.brax_record`, of a run stopped before its first whole chunk (its checkpoint,
+    at update 0, holds no metrics) and of one stopped while compiling (no checkpoint): a line
+    that says so and a results file with the compile time the run printed, 0 steps and no
+    curves, so the pass goes on to its next task; a run stopped after a chunk, its curves
+    and where it stopped."""
+    from benchmarks import accelerator
+    from common.host import checkpoint
+
+    env_id = "playground/CheetahRun"
+    command = ["algos/ppo.py", "--env-id", env_id, "--num-seeds", "2"]
+    config = {"env_id": env_id, "num_envs": 8, "num_steps": 4, "total_timesteps": 96}
+    results = tmp_path / "results"
+    printed = ["[ppo playground/CheetahRun] step 0/96 (0%) | return n/a\n",
+               "compiled in 116.7s\n", "interrupted at update 0 of 3; checkpoint: x\n"]
+
+    def record(update, metrics, output):
+        run_dir = tmp_path / f"run{update}"
+        if update is not None:
+            checkpoint.save(str(run_dir / "x" / checkpoint.LATEST), algo="ppo", config=config,
+                            run={}, run_names=["x"], update=update, run_time=0,
+                            train_state={"w": np.zeros(2, np.float32)}, metrics=metrics)
+        line = accelerator.brax_record(command, str(run_dir), 280.0, 281.5, str(results),
+                                       output)
+        return line, json.load(open(results / "ppo__playground-CheetahRun.json"))
+
+    line, saved = record(0, {}, printed)
+    assert "before its first whole chunk" in line and "116.7" in line, line
+    assert (saved["compile_s"], saved["steps"], saved["stopped"]) == (
+        116.7, 0, "before its first whole chunk of updates"), saved
+    assert "episodic_return" not in saved and saved["config"] == config
+    line, saved = record(None, {}, printed[:1])
+    assert (saved["compile_s"], saved["steps"], saved["config"]) == (None, 0, None), saved
+    assert saved["stopped"].startswith("while starting") and "while starting" in line, line
+    metrics = {"episodic_return": np.array([[np.nan, 5.0], [3.0, 4.0]], np.float32),
+               "global_step": np.array([[32, 64], [32, 64]])}
+    line, saved = record(2, metrics, printed[:2])
+    assert (saved["compile_s"], saved["steps"], saved["stopped"]) == (
+        116.7, 64, "at update 2 of 3"), saved
+    assert saved["final_return"] == [5.0, 4.0] and "64 steps per seed" in line, (saved, line)
+
+
 def results_files() -> list:
     """Every committed results file of the table: `benchmarks/results/` and its `gpu/`."""
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

@@ -122,6 +122,8 @@ def train_and_log(algo: str, config, run: RunOptions, train, resumed=None,
     run_chunk, run_eval, chunk = compile_programs(session)
     first_state(session)
     compile_time = time.perf_counter() - start
+    if session.writer:  # before training: a run stopped early still says what compiling took
+        print(f"compiled in {compile_time:.1f}s", flush=True)
     train_time = train_in_chunks(session, run_chunk, run_eval, chunk)
     return summarise(session, compile_time, train_time)
 
