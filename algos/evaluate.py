@@ -68,7 +68,9 @@ def check_video_path(path: str):
 
 def restore_run(record: dict, path: str):
     """`(config, seeds, train, state)` of a loaded checkpoint: the algorithm's Config, the
-    runs' seeds, its `make_train(config)` and the restored vmapped TrainState."""
+    runs' seeds, its `make_train(config)` and the restored vmapped TrainState. A PBT run's
+    (`--pbt-population`): its members' numbers in the place of the seeds, and their
+    TrainState [population]."""
     if record["algo"] not in ALGOS:
         raise checkpoint.CheckpointError(f"{path!r} names an unknown algorithm "
                                          f"{record['algo']!r}.")
@@ -77,9 +79,13 @@ def restore_run(record: dict, path: str):
     config = module.Config(**{k: v for k, v in record["config"].items() if k in fields})
     train = module.make_train(config)
     seed, num_seeds = int(record["run"]["seed"]), int(record["run"]["num_seeds"])
-    keys = logger.seed_keys(seed, num_seeds)
+    members = int(record["run"].get("pbt_population") or 0)
+    keys = logger.seed_keys(seed, members or num_seeds)
     template = jax.eval_shape(jax.vmap(train.init), keys,
                               jax.vmap(lambda _: config.hparams())(keys))
+    if members:  # a PBT run's `PBTState`: the members' states, hyperparameters, PBT key
+        state = checkpoint.restore(template, record["train_state"]["states"], path)
+        return config, list(range(members)), train, state
     state = checkpoint.restore(template, record["train_state"], path)
     return config, list(range(seed, seed + num_seeds)), train, state
 
@@ -112,8 +118,9 @@ def main(argv=None):
     print(f"evaluate: {record['algo']} on {config.env_id}, {args.checkpoint} (update "
           f"{record['update']} of {config.num_updates}), {args.episodes} episodes per run, "
           f"deterministic policy")
+    run = "member" if record["run"].get("pbt_population") else "seed"  # PBT: members
     for seed, r, n in zip(seeds, np.asarray(returns), np.asarray(lengths)):
-        print(f"  seed {seed}: mean return {r.mean():.2f} (min {r.min():.2f}, "
+        print(f"  {run} {seed}: mean return {r.mean():.2f} (min {r.min():.2f}, "
               f"max {r.max():.2f}), mean length {n.mean():.1f}")
     print(f"mean return over {len(seeds)} run(s): {np.mean(returns):.2f}")
 
@@ -127,7 +134,7 @@ def main(argv=None):
         frames = [jax.tree.map(lambda x: x[t], states) for t in range(length)]
         save_video(config.env_id, env, env_params, frames, rewards[:length], args.capture_video)
         print(f"video: {args.capture_video} ({length} frames, return "
-              f"{float(np.sum(rewards[:length])):.2f}, seed {seeds[0]})")
+              f"{float(np.sum(rewards[:length])):.2f}, {run} {seeds[0]})")
     return returns
 
 

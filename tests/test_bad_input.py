@@ -25,6 +25,7 @@ from flax import serialization
 
 import algos.evaluate as evaluate_entry
 from common.host import checkpoint, cli
+from common.host import pbt as pbt_host
 from common.host.flags import paragraphs
 from helpers import TINY
 
@@ -114,6 +115,10 @@ def save_impala_with_its_optimiser_on_the_tree(path) -> str:
                              jax.eval_shape(jax.vmap(on_the_tree.init), state.params))
     return save_shaped(path, "impala", state._replace(opt_state=opt_state))
 
+
+SMALL = ["--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "32"]
+"""16 updates of 128 steps, for every algorithm."""
+PBT = ["--pbt-population", "4", "--pbt-interval", "4"]
 
 CATALOGUE = [
     # (entry point, arguments, expected part of the message)
@@ -280,6 +285,75 @@ CATALOGUE = [
      "kept on the parameter tree (one array per parameter), as it was before this code kept it "
      "as one flat vector (common/minibatch.flat_optimizer); this version cannot continue it. "
      "Use the version of the code that wrote it, or start a new run."),
+    # --- population-based training (common/host/pbt.py; 16 updates with SMALL) ---
+    ("ppo", ["--pbt-interval", "4"], "--pbt-interval is a PBT option, given without "
+     "--pbt-population; add --pbt-population N (N >= 2) to train a population"),
+    ("a2c", ["--pbt-search", "learning_rate=1e-4:1e-2"], "--pbt-search is a PBT option, given "
+     "without --pbt-population"),
+    ("impala", ["--pbt-fraction", "0.5"], "--pbt-fraction is a PBT option, given without"),
+    ("ppo", ["--pbt-perturb", "0.1"], "--pbt-perturb is a PBT option, given without"),
+    ("a2c", ["--pbt-resample", "0.1"], "--pbt-resample is a PBT option, given without"),
+    ("ppo", ["--pbt-population", "1", "--pbt-interval", "4"], "--pbt-population must be at "
+     "least 2 (PBT copies between members; 0: no PBT), got 1."),
+    ("impala", ["--pbt-population", "-2"], "--pbt-population must be >= 0, got -2."),
+    ("ppo", ["--pbt-population", "4"], "--pbt-population needs --pbt-interval UPDATES"),
+    ("a2c", [*PBT, "--pbt-interval", "0"], "--pbt-interval must be a positive integer, got 0."),
+    ("ppo", [*SMALL, *PBT, "--pbt-interval", "5"], "--pbt-interval 5 does not divide them (the "
+     "run's 16 updates: --total-timesteps 2048 at 128 steps per update); PBT runs whole "
+     "intervals, each followed by a PBT step but the last: use a divisor of 16 below it, such "
+     "as 2, 4, 8."),
+    ("impala", [*SMALL, *PBT, "--pbt-interval", "16"], "--pbt-interval 16 is the whole run: no "
+     "PBT step would follow it"),
+    ("ppo", [*SMALL, *PBT, "--pbt-search", "lr=1e-4:1e-2"], "--pbt-search 'lr=1e-4:1e-2': "
+     "unknown hyperparameter 'lr'; did you mean learning_rate? PPO's float hyperparameters: "
+     "learning_rate, opt_eps, gamma, gae_lambda, clip_coef, ent_coef, vf_coef, max_grad_norm."),
+    ("impala", [*SMALL, *PBT, "--pbt-search", "rho=0.5:2"], "unknown hyperparameter 'rho'; "
+     "did you mean rho_bar?"),
+    ("a2c", [*SMALL, *PBT, "--pbt-search", "num_envs=4:8"], "--pbt-search 'num_envs=4:8': "
+     "num_envs is not a float hyperparameter A2C can change while it trains (it is fixed when "
+     "the program is built); search one of learning_rate, gamma,"),
+    ("ppo", [*SMALL, *PBT, "--pbt-search", "target_kl=0.01:0.1"], "target_kl is not a float "
+     "hyperparameter PPO can change"),
+    ("ppo", [*PBT, "--pbt-search", "learning_rate=1e-2:1e-4:log"], "--pbt-search "
+     "'learning_rate=1e-2:1e-4:log': low 1e-2 > high 1e-4; write "
+     "learning_rate=1e-4:1e-2:log."),
+    ("a2c", [*PBT, "--pbt-search", "ent_coef=0:0.1:log"], "a log-scaled range needs low > 0, "
+     "got 0; raise low or drop ':log'."),
+    ("impala", [*PBT, "--pbt-search", "learning_rate"], "--pbt-search 'learning_rate' is not a "
+     "range; write name=low:high (uniform) or name=low:high:log (log-uniform)"),
+    ("ppo", [*PBT, "--pbt-search", "learning_rate=1e-4:1e-2:lin"], "is not a range; write "
+     "name=low:high"),
+    ("ppo", [*PBT, "--pbt-search", "learning_rate=1e-4:big"], "--pbt-search "
+     "'learning_rate=1e-4:big': its high end 'big' is not a number."),
+    ("a2c", [*PBT, "--pbt-search", "gamma=0:inf"], "its high end 'inf' must be a finite number"),
+    ("ppo", [*PBT, "--pbt-search", "gamma=0.9:0.99", "gamma=0.8:0.9"], "--pbt-search names "
+     "'gamma' twice; give each hyperparameter one range."),
+    ("ppo", [*SMALL, *PBT, "--pbt-search", "gamma=0.9:1.1"], "--pbt-search 'gamma=0.9:1.1': "
+     "its high end is not a value --gamma takes (--gamma must be in [0, 1], got 1.1); keep the "
+     "range inside it."),
+    ("impala", [*SMALL, *PBT, "--pbt-search", "rms_decay=0.9:1"], "its high end is not a value "
+     "--rms-decay takes (--rms-decay must be in [0, 1), got 1.0)"),
+    ("ppo", [*PBT, "--pbt-fraction", "0.6"], "--pbt-fraction must be in (0, 0.5] (the replaced "
+     "and the copied shares must not overlap), got 0.6."),
+    ("a2c", [*PBT, "--pbt-perturb", "1"], "--pbt-perturb must be in [0, 1), got 1.0."),
+    ("impala", [*PBT, "--pbt-resample", "1.5"], "--pbt-resample must be in [0, 1], got 1.5."),
+    ("ppo", [*PBT, "--pbt-fraction", "half"], "--pbt-fraction: expected a number or None, got "
+     "'half'"),
+    ("ppo", [*PBT, "--num-seeds", "2"], "--num-seeds 2 with --pbt-population: the population's "
+     "members take the place of seeds"),
+    ("a2c", [*PBT, "--parallel", "data"], "--parallel data with --pbt-population: PBT splits "
+     "its members across the devices"),
+    ("impala", [*PBT, "--num-processes", "2", "--coordinator-address", "localhost:1"],
+     "--num-processes with --pbt-population: PBT runs in one process"),
+    ("ppo", [*SMALL, *PBT, "--checkpoint-every", "6"], "--checkpoint-every 6 is not a multiple "
+     "of --pbt-interval 4: the command line runs PBT in chunks of whole intervals"),
+    ("a2c", [*SMALL, *PBT, "--eval-every", "2"], "--eval-every 2 is not a multiple of "
+     "--pbt-interval 4"),
+    ("ppo", [*SMALL, "--pbt-population", "3", "--pbt-interval", "4", "--num-devices", "2"],
+     "--pbt-population 3 does not divide among 2 devices; pick a multiple (or --num-devices "
+     "that divides it)."),
+    ("ppo", ["--resume", "{ckpt}", *PBT], "cannot resume '{ckpt}' with a different config "
+     "(saved -> now): pbt_population: 0 -> 4; pbt_interval: None -> 4."),
     # --- the evaluate entry point ---
     ("evaluate", ["{missing}"], "no checkpoint file at '{missing}'"),
     ("evaluate", ["{truncated}"], "'{truncated}' is not a readable checkpoint"),
@@ -322,6 +396,7 @@ def test_bad_input_is_one_clear_line_and_exit_2(name, argv, message, files, caps
         raise AssertionError(f"{name} {' '.join(argv)} went on to compile before refusing")
 
     monkeypatch.setattr(cli, "compile_programs", compiled)  # the training chunks
+    monkeypatch.setattr(pbt_host, "compile_programs", compiled)  # a population's
     monkeypatch.setattr(evaluate_entry, "evaluate", compiled)  # `evaluate`'s episodes
     monkeypatch.setattr(evaluate_entry, "record_episode", compiled)
     with pytest.raises(SystemExit) as exit_info:

@@ -16,7 +16,9 @@ A checkpoint file is a msgpack map (`flax.serialization`) of four fields:
         versions        the versions of Python and the libraries that wrote it
         train_state     the vmapped TrainState as a state dict: parameters, optimiser state,
                         observation statistics, environment states, PRNG keys; leading axis
-                        [num_seeds] on every array
+                        [num_seeds] on every array (a PBT run: its `PBTState`, the members'
+                        TrainState [population], their hyperparameters and the PBT key)
+        pbt             a PBT run only: its lineage so far (`common/host/pbt.py`)
     metrics         the metric rows so far, as a list of msgpack blobs, one per chunk of
                     updates, each a map of metric name -> array [num_seeds, updates in it]
 
@@ -233,25 +235,27 @@ class Rows:
 
 def save(path: str, *, algo: str, config: dict, run: dict, run_names: list, update: int,
          run_time: int, train_state, metrics, keep_previous: bool = True,
-         temp_files: TempFiles | None = None):
+         temp_files: TempFiles | None = None, extra: dict | None = None):
     """Write a checkpoint to `path` atomically (see the module docstring); with
     `keep_previous`, the file already at `path` becomes `previous_path(path)` once the new
     file is written, just before the new file replaces it.
 
     `metrics`: the rows so far, a `Rows` (kept by a caller that checkpoints as it goes) or one
     dict of metric name -> array [num_seeds, update]. `temp_files`: the writer's `TempFiles`,
-    through which another thread can abandon the write (None: one of this call's own)."""
+    through which another thread can abandon the write (None: one of this call's own).
+    `extra`: more fields of the record (plain values and arrays; PBT's `pbt`)."""
     temp_files = TempFiles() if temp_files is None else temp_files
     rows = metrics if isinstance(metrics, Rows) else Rows([metrics] if metrics else [])
     record = {
         "algo": algo,
-        "config": config,
-        "run": run,
+        "config": {k: _plain(v) for k, v in config.items()},  # msgpack: lists, not tuples
+        "run": {k: _plain(v) for k, v in run.items()},
         "run_names": list(run_names),
         "update": int(update),
         "run_time": int(run_time),
         "versions": library_versions(),
         "train_state": serialization.to_state_dict(serialisable(jax.device_get(train_state))),
+        **{k: v for k, v in (extra or {}).items() if k not in RECORD_FIELDS},
     }
     payload = serialization.msgpack_serialize(record)
     blobs, digests = list(rows.blobs), list(rows.digests)
@@ -266,6 +270,18 @@ def save(path: str, *, algo: str, config: dict, run: dict, run_names: list, upda
                                 lambda tmp: _link_or_copy(path, tmp, temp_files))
 
     _replace_atomically(path, temp_files, lambda tmp: _write(tmp, data), before_rename=keep)
+    _sync_directory(directory)
+
+
+def write_atomically(path: str, data: bytes, temp_files: TempFiles | None = None):
+    """Replace the file `path` by `data` as a checkpoint is written: a temporary file beside
+    it, flushed and fsync'ed, renamed over it, the directory fsync'ed (PBT's lineage JSON)."""
+    temp_files = TempFiles() if temp_files is None else temp_files
+    _replace_atomically(path, temp_files, lambda tmp: _write(tmp, data))
+    _sync_directory(os.path.dirname(os.path.abspath(path)))
+
+
+def _sync_directory(directory: str):
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)  # make the renames themselves durable

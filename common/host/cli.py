@@ -31,7 +31,8 @@ The driver by concern: this file is the run, step by step (`main`, `train_and_lo
 processes agree, the state fits in memory, run directories, the checkpoint resumed);
 `session.py` holds what the steps share (`Session`) and queues checkpoints (`save`);
 `stopping.py` answers Ctrl-C and SIGTERM and leaves; `output.py` is the host's work on each
-chunk's results (the NaN guard, evaluation, progress, TensorBoard) and the closing summary.
+chunk's results (the NaN guard, evaluation, progress, TensorBoard) and the closing summary;
+`pbt.py` is a population's (`--pbt-population`) pieces of these steps, in the same loop.
 """
 
 import concurrent.futures
@@ -48,13 +49,13 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from common.evaluate import evaluate
-from common.host import checkpoint, contract, logger, stopping
+from common.host import checkpoint, contract, logger, pbt, stopping
 from common.host.devices import Layout, fail, fetch, from_process_0, peers_alive, setup_devices
 from common.host.flags import parse
 from common.host.options import RunOptions
 from common.host.output import log_chunk, open_boards, summarise
 from common.host.preflight import (agree_across_processes, check_fits_in_memory, claim_run_dirs,
-                                   out_of_memory_is_one_line, reopen_run_dirs, resume)
+                                   out_of_memory_is_one_line, resume_into)
 from common.host.session import Session, last_checkpoint, save
 from common.host.starting import STARTING, Starting, in_ipython
 from common.host.stopping import Interrupt, Leave, leave_now, stop, stop_at_once, wait_for
@@ -114,18 +115,24 @@ def train_and_log(algo: str, config, run: RunOptions, train, resumed=None,
              "updates, more than the 2**31 - 1 a run can count; use fewer steps or a larger "
              "batch.")
     start = time.perf_counter() if started is None else started
-    session = start_or_resume(algo, config, run, train, resumed)
+    population = run.pbt_population > 0  # members in the place of seeds: common/host/pbt.py
+    session = (pbt.start_or_resume if population else start_or_resume)(algo, config, run,
+                                                                        train, resumed)
     if session.first == config.num_updates:
         print(f"nothing to do: {session.path} is at update {session.first} of "
               f"{config.num_updates}, the end of the run")
         return checkpoint.concat_rows(session.rows)
-    run_chunk, run_eval, chunk = compile_programs(session)
+    if population:
+        run_chunk, run_eval, chunk = pbt.compile_programs(session, chunk_of(session))
+    else:
+        run_chunk, run_eval, chunk = compile_programs(session)
     first_state(session)
     compile_time = time.perf_counter() - start
     if session.writer:  # before training: a run stopped early still says what compiling took
         print(f"compiled in {compile_time:.1f}s", flush=True)
-    train_time = train_in_chunks(session, run_chunk, run_eval, chunk)
-    return summarise(session, compile_time, train_time)
+    train_time = train_in_chunks(session, run_chunk, run_eval, chunk,
+                                 log=pbt.log_chunk if population else log_chunk)
+    return (pbt.summarise if population else summarise)(session, compile_time, train_time)
 
 
 def start_or_resume(algo: str, config, run: RunOptions, train, resumed=None) -> Session:
@@ -146,33 +153,7 @@ def start_or_resume(algo: str, config, run: RunOptions, train, resumed=None) -> 
     session = Session(algo, config, run, train, layout, template,
                       layout.put(keys, layout.seeds), layout.put(hparams, layout.seeds))
     if run.resume:
-        given, record = resumed or (checkpoint.resolve(run.resume), None)
-        try:
-            if record is None:
-                record = checkpoint.load(given)
-            state = resume(given, record, algo, config, run, template)
-            session.path = checkpoint.home(given)
-            if session.writer:
-                checkpoint.check_writable(session.path)
-        except checkpoint.CheckpointError as error:
-            fail(error)
-        now = checkpoint.library_versions()
-        changed = [f"{k} {v} -> {now.get(k)}" for k, v in record["versions"].items()
-                   if now.get(k) != v]
-        if changed and session.writer:
-            print(f"note: {session.path} was written with other versions ({', '.join(changed)});"
-                  " the run continues, but need not match an uninterrupted run bitwise.",
-                  file=sys.stderr, flush=True)
-        session.state = layout.put(state, layout.state)
-        session.first, session.run_time = record["update"], record["run_time"]
-        session.names = list(record["run_names"])
-        if session.writer:  # its TensorBoard runs go on there: one line now if they cannot
-            reopen_run_dirs(run, session.names)
-        session.rows = [record["metrics"]] if session.first > 0 else []
-        # Resumed from the previous file, `path` does not hold this state: a stop before the
-        # next checkpoint writes it there, and until then messages name the file resumed.
-        session.saved_update = session.first if session.path == given else None
-        session.last_written = session.first, given
+        resume_into(session, resumed)
         return session
     session.run_time = int(from_process_0(int(time.time())))  # process 0's clock names the run
     session.names = claim_run_dirs(config, run, session.run_time, session.writer)
@@ -211,8 +192,7 @@ def compile_programs(s: Session):
     not divide the updates left, for the shorter last one; and the compiled evaluation (None
     without `--eval-every`)."""
     run, layout = s.run, s.layout
-    chunk = chunk_size(s.config.num_updates, run.checkpoint_every, run.eval_every, s.first,
-                       steps_per_update=s.config.batch_size * run.num_seeds)
+    chunk = chunk_of(s)
     state_shapes = layout.shapes(s.template, layout.state)
 
     def run_updates(state, hparams, updates):  # the name the compilation cache files carry
@@ -244,9 +224,13 @@ def compile_programs(s: Session):
     return run_chunk, run_eval, chunk
 
 
-def train_in_chunks(s: Session, run_chunk, run_eval, chunk: int):
+def train_in_chunks(s: Session, run_chunk, run_eval, chunk: int, log=log_chunk):
     """The loop: a chunk on the devices, then on the host the NaN guard, evaluation,
     progress, TensorBoard and checkpoints; Ctrl-C or SIGTERM saves and exits.
+
+    `run_chunk(state, hparams, updates)` returns the state after the chunk, then what `log`
+    takes, fetched to the host, before `(begin, end, run_eval, progress, boards)`:
+    `output.log_chunk`'s `(metrics, finite)`, or PBT's (`common/host/pbt.py`).
 
     The host never holds the devices up: the next chunk is queued (JAX dispatches
     asynchronously) before the host looks at this one, and the file work (TensorBoard, the
@@ -282,14 +266,13 @@ def train_in_chunks(s: Session, run_chunk, run_eval, chunk: int):
             pending = dispatch(s.state, s.first)
             for begin in range(s.first, num_updates, chunk):
                 end = min(begin + chunk, num_updates)
-                state, metrics, finite = pending
+                state, *results = pending
                 if end < num_updates:  # the devices start on the next chunk, the host works
                     pending = dispatch(state, end)
-                if not wait_for((state, metrics, finite), interrupt, interruptible=alone):
+                if not wait_for((state, *results), interrupt, interruptible=alone):
                     stop(s, begin, interrupt.signal)  # s.state: the checked state at begin
                 s.state = state
-                log_chunk(s, fetch(metrics), fetch(finite), begin, end, run_eval, progress,
-                          boards)
+                log(s, *fetch(results), begin, end, run_eval, progress, boards)
                 signum = from_process_0(interrupt.signal or 0)  # all processes stop together
                 if end == num_updates or signum or (
                         run.checkpoint_every and end % run.checkpoint_every == 0):
@@ -353,6 +336,18 @@ def chunk_size(num_updates: int, *boundaries: int, steps_per_update: int = 0) ->
     if not cadence:
         return max(1, round(num_updates / target))
     return min((d for d in divisors(cadence) if d <= num_updates), key=closeness)
+
+
+def chunk_of(s: Session) -> int:
+    """The chunk length of the session's run: `chunk_size` of its updates, its checkpoint and
+    evaluation cadences and the update it starts from; for a population (`--pbt-population`),
+    of its intervals instead, so that every chunk is whole intervals (the cadences and the
+    resumed update are whole intervals: `flags.check_population`)."""
+    run, unit = s.run, s.run.pbt_interval if s.run.pbt_population else 1
+    runs = run.pbt_population or run.num_seeds
+    return unit * chunk_size(s.config.num_updates // unit, run.checkpoint_every // unit,
+                             run.eval_every // unit, s.first // unit,
+                             steps_per_update=s.config.batch_size * runs * unit)
 
 
 def divisors(n: int) -> set:

@@ -14,17 +14,19 @@ import copy
 import dataclasses
 import difflib
 import inspect
+import math
 import os
 import re
 import sys
 import textwrap
 import types
+import typing
 from typing import Annotated, Any, NamedTuple
 
 from common import presets
 from common.host import checkpoint
 from common.host.devices import fail
-from common.host.options import RunOptions, whole_number
+from common.host.options import RunOptions, search_ranges, whole_number
 
 
 class Command(NamedTuple):
@@ -74,7 +76,8 @@ def parse(algo: str, config_cls, argv=None) -> Command:
             # The runs' logs go on where the checkpoint is, from any working directory (a
             # relative --log-dir, the default `runs`, is the start's, not ours).
             run_dir = os.path.dirname(os.path.abspath(checkpoint.home(path)))
-            if os.path.basename(run_dir) == record["run_names"][0]:
+            # (a PBT run's names are its directory's members: `{run directory}/member0`)
+            if os.path.basename(run_dir) == record["run_names"][0].split("/")[0]:
                 saved_run["log_dir"] = os.path.dirname(run_dir)
         elif "--no-presets" not in argv:  # the named environment's tuned settings
             env_id = _flag_value(argv, "--env-id") or _default(config_cls, "env_id")
@@ -86,6 +89,7 @@ def parse(algo: str, config_cls, argv=None) -> Command:
         parsed = tyro_cli(command, argv, known, default=default)
         config = config_cls(**dataclasses.asdict(parsed.config))
         run = RunOptions(**dataclasses.asdict(parsed.run))
+        check_population(config, run)
     except ValueError as error:  # checkpoint.CheckpointError included
         fail(error)
     applied = {k: v for k, v in tuned.items() if k != "env_id" and getattr(config, k) == v
@@ -341,7 +345,8 @@ def paragraphs(doc: str) -> str:
 def _build(unchecked, cls, values: dict, skip=()):
     """`unchecked(**values)` keeping only the fields of `cls` (and none in `skip`)."""
     names = {f.name for f in dataclasses.fields(cls)} - set(skip)
-    return unchecked(**{k: v for k, v in values.items() if k in names})
+    return unchecked(**{k: tuple(v) if isinstance(v, list) else v  # msgpack's lists: tuples
+                        for k, v in values.items() if k in names})
 
 
 def _flag_value(argv, flag: str):
@@ -354,3 +359,64 @@ def _flag_value(argv, flag: str):
         elif arg.startswith(flag + "="):
             value = arg.split("=", 1)[1]
     return value
+
+
+def hparam_names(config) -> tuple | None:
+    """The fields of the `HParams` that `config.hparams()` returns, read from its annotation
+    (nothing is built: JAX may not have started yet); None where it has none."""
+    try:
+        return tuple(typing.get_type_hints(type(config).hparams)["return"]._fields)
+    except (AttributeError, KeyError, NameError, TypeError):
+        return None
+
+
+def check_population(config, run: RunOptions):
+    """The PBT options against the algorithm's `config`: the searched names are float
+    hyperparameters of its `HParams`, each range inside what the `Config` takes, and the
+    interval divides the run's updates, as `--checkpoint-every` and `--eval-every` (those
+    shorter than the run) are whole intervals: the command line runs PBT in chunks of whole
+    intervals (`common/host/pbt.py`). `ValueError` naming the flag and the fix."""
+    if not run.pbt_population:
+        return
+    names, algo = hparam_names(config), type(config).__module__.split(".")[-1].upper()
+    fields = {f.name for f in dataclasses.fields(config)}
+    for text, (name, low, high, _) in zip(run.pbt_search, search_ranges(run.pbt_search)):
+        what = f"--pbt-search {text!r}"
+        if names is not None and name not in names:
+            valid = ", ".join(names)
+            if name in fields:
+                raise ValueError(f"{what}: {name} is not a float hyperparameter {algo} can "
+                                 f"change while it trains (it is fixed when the program is "
+                                 f"built); search one of {valid}.")
+            ours = our_flag(flag_of(name), names)
+            near = difflib.get_close_matches(name, names, 1)
+            hint = f"; did you mean {field_of(ours) if ours else near[0]}?" \
+                if ours or near else ""
+            raise ValueError(f"{what}: unknown hyperparameter {name!r}{hint} {algo}'s float "
+                             f"hyperparameters: {valid}.")
+        for end, value in (("low", low), ("high", high)):
+            try:
+                dataclasses.replace(config, **{name: value})
+            except ValueError as error:
+                raise ValueError(f"{what}: its {end} end is not a value {flag_of(name)} takes "
+                                 f"({str(error).rstrip('.')}); keep the range inside it.") \
+                    from None
+    n, interval = config.num_updates, run.pbt_interval
+    if n % interval or interval == n:
+        below = {d for i in range(1, math.isqrt(n) + 1) if n % i == 0 for d in (i, n // i)}
+        near = sorted(sorted(below - {n}, key=lambda d: (abs(d - interval), d))[:3])
+        why = "is the whole run: no PBT step would follow it" if interval == n else \
+            "does not divide them"
+        fix = f"use a divisor of {n} below it, such as {', '.join(map(str, near))}" if near \
+            else "raise --total-timesteps"
+        raise ValueError(f"--pbt-interval {interval} {why} (the run's {n} updates: "
+                         f"--total-timesteps {config.total_timesteps} at {config.batch_size} "
+                         f"steps per update); PBT runs whole intervals, each followed by a "
+                         f"PBT step but the last: {fix}.")
+    for name in ("checkpoint_every", "eval_every"):
+        every = getattr(run, name)
+        if 0 < every < n and every % interval:
+            raise ValueError(f"{flag_of(name)} {every} is not a multiple of --pbt-interval "
+                             f"{interval}: the command line runs PBT in chunks of whole "
+                             f"intervals, so checkpoints and evaluations fall at their ends; "
+                             f"use a multiple of {interval}.")

@@ -36,8 +36,9 @@ as block means stamped at the block's last update."""
 
 
 def tag(name: str) -> str:
-    """TensorBoard tag of a metric: `charts/...` for the CleanRL charts, else `losses/...`."""
-    return TAGS.get(name, f"losses/{name}")
+    """TensorBoard tag of a metric: `charts/...` for the CleanRL charts, a name with its own
+    prefix as it is (`pbt/learning_rate`), else `losses/...`."""
+    return TAGS.get(name, name if "/" in name else f"losses/{name}")
 
 
 def enable_compilation_cache():

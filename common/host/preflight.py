@@ -3,13 +3,14 @@ status 2: the processes were started alike (`agree_across_processes`), the train
 in memory (`check_fits_in_memory`; XLA running out of memory later is one line too, and exit
 status 1: `out_of_memory_is_one_line`), the run directories can be claimed (`claim_run_dirs`)
 or, resumed, written again (`reopen_run_dirs`), and a checkpoint to resume is of this run
-(`resume`).
+(`resume`, which `resume_into` gives to the run's `Session`).
 """
 
 import contextlib
 import dataclasses
 import errno
 import os
+import sys
 
 import jax
 from jax.sharding import PartitionSpec as P
@@ -145,11 +146,49 @@ def resume(path: str, record: dict, algo: str, config, run: RunOptions, template
     `CheckpointError` names what does not match."""
     checkpoint.check_algo(record, algo, path)
     now = {k: getattr(run, k) for k in RESUME_MUST_MATCH}
+    defaults = {f.name: f.default for f in dataclasses.fields(RunOptions)}  # an older file's
     differences = checkpoint.config_differences(record["config"], dataclasses.asdict(config)) \
-        + checkpoint.config_differences({k: record["run"].get(k) for k in now}, now)
+        + checkpoint.config_differences({k: record["run"].get(k, defaults[k]) for k in now}, now)
     if differences:
         raise checkpoint.CheckpointError(f"cannot resume {path!r} with a different config "
                                          f"(saved -> now): {'; '.join(differences)}. Resume "
                                          f"with the saved values (leave those flags out), or "
                                          f"start a new run without --resume.")
     return checkpoint.restore(template, record.pop("train_state"), path)
+
+
+def resume_into(s, resumed=None) -> dict:
+    """Give the `Session` `s` (laid out, with its `template`) the state, update, run names and
+    metric rows of the checkpoint `--resume` names, checked as `resume` checks it; `resumed`:
+    its `(path, record)` as `flags.parse` read it (None: read here). Returns the record (its
+    `train_state` taken out). A checkpoint that does not fit, or a checkpoint or run directory
+    that cannot be written, exits with one line."""
+    run = s.run
+    given, record = resumed or (checkpoint.resolve(run.resume), None)
+    try:
+        if record is None:
+            record = checkpoint.load(given)
+        state = resume(given, record, s.algo, s.config, run, s.template)
+        s.path = checkpoint.home(given)
+        if s.writer:
+            checkpoint.check_writable(s.path)
+    except checkpoint.CheckpointError as error:
+        fail(error)
+    now = checkpoint.library_versions()
+    changed = [f"{k} {v} -> {now.get(k)}" for k, v in record["versions"].items()
+               if now.get(k) != v]
+    if changed and s.writer:
+        print(f"note: {s.path} was written with other versions ({', '.join(changed)});"
+              " the run continues, but need not match an uninterrupted run bitwise.",
+              file=sys.stderr, flush=True)
+    s.state = s.layout.put(state, s.layout.state)
+    s.first, s.run_time = record["update"], record["run_time"]
+    s.names = list(record["run_names"])
+    if s.writer:  # its TensorBoard runs go on there: one line now if they cannot
+        reopen_run_dirs(run, s.names)
+    s.rows = [record["metrics"]] if s.first > 0 else []
+    # Resumed from the previous file, `path` does not hold this state: a stop before the
+    # next checkpoint writes it there, and until then messages name the file resumed.
+    s.saved_update = s.first if s.path == given else None
+    s.last_written = s.first, given
+    return record

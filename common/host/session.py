@@ -100,6 +100,9 @@ class Session:
     before its first), for the progress line."""
     files: Any = None
     """The `logger.BackgroundWriter` of the training loop (TensorBoard, checkpoints)."""
+    pbt: Any = None
+    """A PBT run's host side (`common/host/pbt.py`'s `Population`: the search, the lineage so
+    far); None without `--pbt-population`."""
 
     @property
     def writer(self) -> bool:
@@ -117,7 +120,8 @@ def save(s: Session, update: int):
         s.files.put(s.checkpoints.write, s.path, keep_previous=s.saved_update is not None,
                     metrics=list(s.rows), algo=s.algo, config=dataclasses.asdict(s.config),
                     run=dataclasses.asdict(s.run), run_names=list(s.names), update=update,
-                    run_time=s.run_time, train_state=state)
+                    run_time=s.run_time, train_state=state,
+                    extra=None if s.pbt is None else {"pbt": s.pbt.record()})
     s.saved_update = update
 
 
