@@ -10,11 +10,12 @@ al. (2022), "The 37 Implementation Details of PPO" (ICLR blog track), and matchi
 - advantages are normalised per minibatch (`norm_adv`), the value loss is clipped around the
   rollout's values (`clip_vloss`), gradients are clipped by global norm (`max_grad_norm`),
   Adam uses eps=1e-5 and the learning rate is annealed linearly toward 0 (`anneal_lr`);
-- separate actor and critic MLPs (64x64 tanh, orthogonal init, policy head scaled 0.01) or a
-  shared small CNN torso for image observations (MinAtar); optionally a GRU or LSTM core
-  (`--network gru`, `lstm`) whose state is reset at every episode start and recomputed in the
-  update from the state stored at the rollout's start, minibatches splitting environments,
-  never time (truncated backpropagation through time, as OpenAI Baselines' `ppo2`);
+- separate actor and critic MLPs (64x64 tanh by default, their widths, depths and activation
+  from flags; orthogonal init, policy head scaled 0.01) or a shared small CNN torso for image
+  observations (MinAtar); optionally a GRU or LSTM core (`--network gru`, `lstm`) whose state
+  is reset at every episode start and recomputed in the update from the state stored at the
+  rollout's start, minibatches splitting environments, never time (truncated backpropagation
+  through time, as OpenAI Baselines' `ppo2`);
 - a time-limit truncation bootstraps from the final observation instead of being treated as
   a terminal state (Pardo et al. 2018, arXiv:1712.00378) -- see `common/gae.py`;
 - optional early stop of an update's epochs when the approximate KL exceeds `target_kl`.
@@ -122,9 +123,19 @@ class Config:
 
     # --- network ---
     hidden_size: int = 64
-    """Width of the two hidden layers of the actor and critic MLPs."""
-    activation: Literal["tanh", "relu"] = "tanh"
-    """Activation of the MLPs (the CNN torso always uses ReLU)."""
+    """Width of the hidden layers of the actor and critic MLPs (the critic's is
+    `critic_hidden_size` where given), and of the recurrent core and its layers."""
+    hidden_layers: int = 2
+    """Hidden layers of the actor and critic MLPs (the critic's: `critic_hidden_layers` where
+    given). Brax's PPO networks, for example: `--hidden-size 32 --hidden-layers 4
+    --critic-hidden-size 256 --critic-hidden-layers 5 --activation swish`."""
+    critic_hidden_size: int | None = None
+    """Width of the critic MLP's hidden layers (None: `hidden_size`)."""
+    critic_hidden_layers: int | None = None
+    """Hidden layers of the critic MLP (None: `hidden_layers`)."""
+    activation: Literal["tanh", "relu", "swish"] = "tanh"
+    """Activation of the MLPs (the CNN torso always uses ReLU); swish is x * sigmoid(x), Brax's
+    PPO networks' (Ramachandran et al. 2017, arXiv:1710.05941)."""
     network: Literal["auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru", "lstm", "mlp-lstm",
                      "cnn-lstm"] = "auto"
     """Torso: `auto` picks the CNN for image observations (MinAtar) and the MLPs otherwise;
@@ -137,7 +148,9 @@ class Config:
     def __post_init__(self):  # plain Python: building a Config starts no JAX backend
         check_fields(self, wide=("total_timesteps",))  # types first: ints, finite float32s
         require(self, "positive_int", "total_timesteps", "num_envs", "num_steps",
-                "num_minibatches", "update_epochs", "hidden_size")
+                "num_minibatches", "update_epochs", "hidden_size", "hidden_layers")
+        optional_positive(self, "critic_hidden_size")
+        optional_positive(self, "critic_hidden_layers")
         require(self, "positive", "learning_rate", "opt_eps", "max_grad_norm", "clip_coef")
         require(self, "fraction", "fresh_starts")
         require(self, "unit", "gamma", "gae_lambda")
@@ -162,6 +175,8 @@ class Config:
         if self.total_timesteps < self.batch_size:
             raise ValueError(f"--total-timesteps {self.total_timesteps} is less than one "
                              f"rollout (num_envs * num_steps = {self.batch_size}).")
+        if self.torso == "cnn" or self.recurrent:
+            mlp_only(self)
         check_env_id(self.env_id, self.brax_backend)
 
     @property
@@ -196,6 +211,16 @@ class Config:
         return HParams(*(jnp.asarray(getattr(self, f), jnp.float32) for f in HParams._fields))
 
 
+def mlp_only(config: Config):
+    """Raise `ValueError` where `config` shapes the MLPs but its network has none."""
+    if (config.hidden_layers, config.critic_hidden_size, config.critic_hidden_layers) != \
+            (2, None, None):
+        raise ValueError(f"--hidden-layers, --critic-hidden-size and --critic-hidden-layers "
+                         f"shape the actor and critic MLPs, which --network {config.network} "
+                         f"on {config.env_id} does not have; use --network mlp, or leave them "
+                         f"out.")
+
+
 class HParams(NamedTuple):
     """Float hyperparameters that travel as traced values, so one `vmap` sweeps them.
 
@@ -219,7 +244,9 @@ class HParams(NamedTuple):
 # Network
 # --------------------------------------------------------------------------------------------
 class ActorCritic(nn.Module):
-    """pi(a|s) and V(s). MLP torso: separate actor and critic MLPs (images flattened). CNN torso:
+    """pi(a|s) and V(s). MLP torso: separate actor and critic MLPs (images flattened), of
+    `hidden_layers` layers of `hidden_size` units (the critic's: `critic_hidden_layers` of
+    `critic_hidden_size` where given). CNN torso:
     one shared CNN (Conv 16 3x3, Dense 128, as the MinAtar baselines, Young & Tian 2019,
     arXiv:1903.03176) with a policy head and a value head. Recurrent: the torso (one Dense
     layer, or the CNN) feeds a recurrent core (GRU or LSTM), whose output feeds an actor and a
@@ -237,10 +264,13 @@ class ActorCritic(nn.Module):
     cnn: bool = False
     core: str | None = None
     """The recurrent core (`gru`, `lstm`), or None: feed-forward."""
+    hidden_layers: int = 2
+    critic_hidden_size: int | None = None
+    critic_hidden_layers: int | None = None
 
     @nn.compact
     def __call__(self, obs, hidden=None, first=None):
-        act = nn.tanh if self.activation == "tanh" else nn.relu
+        act = {"tanh": nn.tanh, "relu": nn.relu, "swish": nn.swish}[self.activation]
         dense = lambda n, scale: Dense(n, kernel_init=orthogonal(scale))  # noqa: E731
         memory = None
         if not self.cnn:  # vectors, or images flattened into the MLPs
@@ -252,10 +282,12 @@ class ActorCritic(nn.Module):
         elif self.core:
             x = act(dense(self.hidden_size, np.sqrt(2))(obs))
         else:
-            actor = act(dense(self.hidden_size, np.sqrt(2))(obs))
-            actor = act(dense(self.hidden_size, np.sqrt(2))(actor))
-            critic = act(dense(self.hidden_size, np.sqrt(2))(obs))
-            critic = act(dense(self.hidden_size, np.sqrt(2))(critic))
+            actor, critic = obs, obs
+            for _ in range(self.hidden_layers):
+                actor = act(dense(self.hidden_size, np.sqrt(2))(actor))
+            for _ in range(self.critic_hidden_layers or self.hidden_layers):
+                critic = act(dense(self.critic_hidden_size or self.hidden_size,
+                                   np.sqrt(2))(critic))
         if self.core:
             core = CORES[self.core]
             _, memory = core(self.hidden_size)(hidden, x, first)
@@ -384,8 +416,12 @@ def make_train(config: Config, live_progress: bool = False):
                          f"game), but {config.env_id} observations have shape {spec.obs_shape}; "
                          f"use --network mlp (or auto, gru).")
     cnn = config.torso == "cnn" or (config.torso == "auto" and spec.image_obs)
+    if cnn:
+        mlp_only(config)
     recurrent = config.recurrent
-    network = ActorCritic(spec, config.hidden_size, config.activation, cnn, config.core)
+    network = ActorCritic(spec, config.hidden_size, config.activation, cnn, config.core,
+                          config.hidden_layers, config.critic_hidden_size,
+                          config.critic_hidden_layers)
     num_updates, batch_size = config.num_updates, config.batch_size
 
     def learning_rate(hp: HParams, update):
