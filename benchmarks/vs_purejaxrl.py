@@ -1,4 +1,5 @@
-"""Side-by-side speed of our PPO and PureJaxRL's `ppo.py` on the identical config.
+"""Side-by-side speed of our PPO and PureJaxRL's `ppo.py` on the identical config, or of our
+PPO and Brax's own PPO trainer on a MuJoCo Playground task (`--playground`).
 
     git clone https://github.com/luchris429/purejaxrl /tmp/purejaxrl   # not vendored here
     python benchmarks/vs_purejaxrl.py --reference /tmp/purejaxrl/purejaxrl --repeats 5
@@ -8,6 +9,7 @@
     python benchmarks/vs_purejaxrl.py --reference DIR --profile --seeds 1024   # each traced
     python benchmarks/vs_purejaxrl.py --reference DIR --profile --brax ant --seeds 4 --updates 10
     python benchmarks/vs_purejaxrl.py --reference DIR --profile --brax ant --lowering-profile
+    python benchmarks/vs_purejaxrl.py --playground CheetahRun --seeds 4 --repeats 3
 
 `--recurrent` compares recurrent PPO with PureJaxRL's `ppo_rnn.py` instead, on its own config
 (CartPole, 4 envs x 128 steps, a 128-unit GRU after a 128-unit ReLU embedding, 128-unit ReLU
@@ -60,6 +62,42 @@ outside `--brax`), which the paths timed here never use. `ppo_rnn.py` calls flax
 as flax 0.7 did (no `features`, `initialize_carry(key, batch, size)`); the adapter supplies
 the 128 units and the zero carry that call meant.
 
+`--playground TASK` compares our PPO with Brax's own PPO trainer (`brax.training.agents.ppo.train`),
+as Playground trains its Control Suite: Playground's settings for TASK
+(`dm_control_suite_params.brax_ppo_config`; `--set NAME=VALUE` changes one of them, e.g. the
+sizes, for a CPU), its `wrap_for_brax_training`, MJX's JAX implementation. Ours gets the same
+settings: Brax's `num_envs` environments, `unroll_length` x `batch_size` x `num_minibatches` /
+`num_envs` steps each per update (the same transitions per update: Brax collects them as that
+many unrolls of `unroll_length` steps), `num_minibatches`, `num_updates_per_batch` epochs, the
+learning rate (constant), Adam's epsilon (1e-8), gamma, Brax's GAE lambda and clipping epsilon
+(0.95, 0.3; no clipped value loss), the entropy cost, observations normalised, the task's
+episode length. Rewards: Brax multiplies them by `reward_scaling` (10), ours divides them by
+the running std of the discounted return (`--normalize-reward`, our Playground presets');
+ours clips gradients to a global norm of 0.5, Brax's does not (its default). Both
+have the same networks (`--networks`): `brax`, Brax's PPO default (policy 4 x 32, value 5 x 256,
+swish; ours with `--hidden-size 32 --hidden-layers 4 --critic-hidden-size 256
+--critic-hidden-layers 5 --activation swish`), or `ours`, our default (64 x 64 tanh, given to
+Brax's `make_ppo_networks`). Their distributions differ (Brax's a tanh-squashed Gaussian with
+a learned state-dependent scale, ours a Gaussian with a state-independent log-std, its actions
+clipped), and so do their starts: Brax restarts a finished episode from the first state of its
+environment and resets every environment after each update (Playground's cadence at its own
+budget), ours draws fresh starts (`fresh_starts`) and lets episodes run to the time limit.
+Both take the same number of steps: the budget rounded down to whole updates; Brax runs one
+training step between resets, no evaluation (`run_evals=False`).
+
+Brax's trainer takes one seed a call and compiles inside it. Its compile time is what JAX
+reports compiling during the call (tracing, lowering and XLA, `jax.monitoring`'s events), its
+training SPS the steps over the rest of the call (resets and its host loop included); Brax's
+own figure, the median SPS of its training epochs after the first (no resets), is saved
+beside it. Ours: `make_train`, the lowering and XLA's compile from cleared caches, then the
+compiled program's calls. One seed: ours compiled, Brax's first call (its compile, from cleared
+caches), then `--repeats` rounds of one call each, alternating. With `--seeds N` (N > 1): the
+time to N seeds' results, Brax's N calls one after another against ours compiled and called
+once, vmapped over the N seeds. Final returns: each final policy's deterministic return,
+`common/evaluate.py` on the same 16 episodes for both (and ours' training return, the last 10%
+of updates). brax 0.14 does not run on this project's pins as it is: the stand-ins it needs
+are here (`brax_ppo_train`), never in the library.
+
 `--profile` shows where the time goes on an accelerator instead: both programs as above, for
 `--updates` updates (keep it small: the trace records every op the device runs and the
 profiler drops events past its limit; Brax Ant's trace over 20 updates was cut at 9), ours
@@ -81,9 +119,12 @@ accelerator, in a process of its own (one process holds a TPU).
 import argparse
 import collections
 import cProfile
+import dataclasses
+import functools
 import glob
 import gzip
 import importlib.util
+import inspect
 import io
 import json
 import os
@@ -95,12 +136,14 @@ import time
 import types
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from algos.ppo import Config, make_train  # noqa: E402
-from benchmarks.configs import (out_file, refuse_other_mode, source_commit,  # noqa: E402
-                                time_in_alternation)
+from benchmarks.configs import (out_file, parse_overrides, refuse_other_mode,  # noqa: E402
+                                source_commit, time_in_alternation)
+from common.evaluate import evaluate  # noqa: E402
 from common.host.logger import final_return  # noqa: E402
 from common.host.options import whole_number  # noqa: E402
 from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
@@ -328,20 +371,272 @@ def profile(args, reference, config, ref_config, keys) -> dict:
             "brax": args.brax, "programs": record}
 
 
+# --------------------------------------------------------------------------------------------
+# --playground TASK: Brax's own PPO trainer against ours
+# --------------------------------------------------------------------------------------------
+BRAX_NETWORKS = dict(hidden_size=32, hidden_layers=4, critic_hidden_size=256,
+                     critic_hidden_layers=5, activation="swish")
+"""Our Config's network fields for Brax's PPO default networks (`make_ppo_networks`)."""
+EVAL_EPISODES = 16
+COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+                  "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                  "/jax/core/compile/backend_compile_duration")
+"""What JAX reports for each program it makes: tracing, lowering, XLA's compile."""
+
+
+class CompileClock:
+    """The seconds JAX has spent making programs in this process (`COMPILE_EVENTS`)."""
+
+    def __init__(self):
+        self.total = 0.0
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+
+    def _listen(self, event, duration, **_):
+        if event in COMPILE_EVENTS:
+            self.total += duration
+
+
+def _no_checkpoints(*args, **kwargs):
+    raise NotImplementedError("this comparison runs Brax's PPO without orbax: no checkpoints")
+
+
+def brax_ppo_train():
+    """Brax's `ppo.train` module, runnable on this project's pins. Its checkpoint module imports
+    orbax, which is not installed here: a stub stands in (nothing here saves a checkpoint).
+    jax 0.10 removed `jax.device_put_replicated`, which it calls once, for its training state:
+    the stand-in set on the jax module puts `x` on each device along a new leading axis, a
+    pmap named as Brax's own (`_PMAP_AXIS_NAME`), so that the state has the sharding Brax's
+    training epoch gives back and that program compiles once, not twice (pmap's cache tells
+    arrays apart by their sharding, mesh axis names included)."""
+    stub = types.ModuleType("brax.training.agents.ppo.checkpoint")
+    stub.save = stub.load = stub.network_config = _no_checkpoints
+    sys.modules.setdefault("brax.training.agents.ppo.checkpoint", stub)
+    from brax.training.agents.ppo import train as ppo_train
+
+    if not hasattr(jax, "device_put_replicated"):
+        replicate = jax.pmap(lambda x, _: x, in_axes=(None, 0),
+                             axis_name=ppo_train._PMAP_AXIS_NAME)
+        jax.device_put_replicated = lambda x, devices: replicate(x, np.arange(len(devices)))
+    return ppo_train
+
+
+def playground_configs(task: str, total_timesteps: int, overrides: dict, networks: str):
+    """`(config, brax_kwargs, settings)`: our PPO's `Config` and the arguments of Brax's
+    `ppo.train` for the same run of `playground/TASK` at Playground's settings (`overrides`
+    applied), `total_timesteps` rounded down to whole updates (at least one); `settings`:
+    Playground's settings as run."""
+    from brax.training.agents.ppo import networks as ppo_networks
+    from mujoco_playground.config import dm_control_suite_params
+
+    ppo_train = brax_ppo_train()
+    settings = dm_control_suite_params.brax_ppo_config(task).to_dict()
+    unknown = sorted(set(overrides) - set(settings))
+    if unknown:
+        raise SystemExit(f"error: --set {unknown[0]} is not one of Playground's settings for "
+                         f"{task}: {', '.join(settings)}.")
+    settings.update(overrides)
+    if settings["action_repeat"] != 1:
+        raise SystemExit(f"error: {task} repeats each action {settings['action_repeat']} "
+                         "times; our PPO has no action repeat.")
+    unrolls, rest = divmod(settings["batch_size"] * settings["num_minibatches"],
+                           settings["num_envs"])
+    if rest:
+        raise SystemExit("error: batch_size x num_minibatches must be a multiple of num_envs "
+                         "(Brax's PPO asks it).")
+    num_steps = unrolls * settings["unroll_length"]
+    batch = settings["num_envs"] * num_steps
+    updates = max(1, total_timesteps // batch)
+    default = {k: v.default for k, v in inspect.signature(ppo_train.train).parameters.items()}
+    layers = {"brax": dict(policy_hidden_layer_sizes=(32,) * 4,
+                           value_hidden_layer_sizes=(256,) * 5, activation="swish"),
+              "ours": dict(policy_hidden_layer_sizes=(64,) * 2,
+                           value_hidden_layer_sizes=(64,) * 2, activation="tanh")}[networks]
+    activation = getattr(jax.nn, layers["activation"])
+    brax_kwargs = dict(
+        num_timesteps=updates * batch, num_evals=updates + 1, num_resets_per_eval=1,
+        run_evals=False,  # one training step, then every environment reset, per update
+        network_factory=functools.partial(ppo_networks.make_ppo_networks,
+                                          **{**layers, "activation": activation}),
+        **{k: settings[k] for k in ("num_envs", "batch_size", "num_minibatches",
+                                    "unroll_length", "num_updates_per_batch", "learning_rate",
+                                    "entropy_cost", "discounting", "reward_scaling",
+                                    "normalize_observations", "episode_length",
+                                    "action_repeat")})
+    config = Config(
+        env_id=f"playground/{task}", total_timesteps=updates * batch,
+        num_envs=settings["num_envs"], num_steps=num_steps,
+        num_minibatches=settings["num_minibatches"],
+        update_epochs=settings["num_updates_per_batch"],
+        learning_rate=settings["learning_rate"], anneal_lr=False, opt_eps=1e-8,
+        gamma=settings["discounting"], gae_lambda=default["gae_lambda"],
+        clip_coef=default["clipping_epsilon"], clip_vloss=False,
+        ent_coef=settings["entropy_cost"], vf_coef=default["vf_loss_coefficient"],
+        normalize_obs=settings["normalize_observations"], normalize_reward=True,
+        **(BRAX_NETWORKS if networks == "brax" else {}))
+    return config, brax_kwargs, {**settings, "networks": {**layers}}
+
+
+def brax_run(ppo_train, env, brax_kwargs: dict, seed: int, clock: CompileClock) -> dict:
+    """One call of Brax's `ppo.train`: its seconds, the part of them JAX spent compiling, its
+    training epochs' own SPS, and what it returned (`make_policy`, `params`)."""
+    from mujoco_playground import wrapper
+
+    epochs = []
+    compiled_before, start = clock.total, time.perf_counter()
+    make_policy, params, _ = ppo_train.train(
+        environment=env, wrap_env_fn=wrapper.wrap_for_brax_training, seed=seed,
+        progress_fn=lambda step, metrics: epochs.append(float(metrics["training/sps"])),
+        **brax_kwargs)
+    jax.block_until_ready(params)
+    seconds = time.perf_counter() - start
+    compile_s = clock.total - compiled_before
+    return {"seconds": seconds, "compile_s": compile_s, "train_s": seconds - compile_s,
+            "epoch_sps": statistics.median(epochs[1:] or epochs),
+            "make_policy": make_policy, "params": params}
+
+
+def eval_returns(act, env_triple, states, vmapped: bool) -> list:
+    """Each final policy's deterministic return (`common/evaluate.py`), the mean over
+    `EVAL_EPISODES` episodes; `act(state, obs, first, hidden)`, `states` one or (`vmapped`)
+    stacked along a leading axis."""
+    env, env_params, spec = env_triple
+
+    def returns(state):
+        return evaluate(functools.partial(act, state), env, env_params, spec,
+                        jax.random.PRNGKey(1), EVAL_EPISODES)[0].mean()
+
+    fn = jax.jit(jax.vmap(returns) if vmapped else returns)
+    return np.atleast_1d(np.asarray(fn(states), np.float64)).round(2).tolist()
+
+
+def playground_side_by_side(args) -> dict:
+    """`--playground`: Brax's own PPO and ours (the module docstring says how); prints the
+    figures and returns the JSON record's."""
+    clock = CompileClock()
+    ppo_train = brax_ppo_train()
+    config, brax_kwargs, settings = playground_configs(
+        args.playground, args.total_timesteps, parse_overrides(args.set), args.networks)
+    steps = config.num_updates * config.batch_size
+    print(f"{args.playground}: {config.num_updates} updates of {config.batch_size:,} steps "
+          f"({steps:,} a seed), {args.networks} networks", flush=True)
+    from mujoco_playground import registry
+
+    env = registry.load(args.playground, config_overrides={"impl": "jax"})
+
+    def ours_compiled(keys):
+        """Ours from cleared caches: `(train, compiled, seconds, compile events' seconds)`."""
+        unroll_threefry_on_cpu(not args.python_api)
+        jax.clear_caches()
+        before, start = clock.total, time.perf_counter()
+        train = make_train(config)
+        compiled = jax.jit(jax.vmap(train)).lower(keys).compile()
+        unroll_threefry_on_cpu(False)  # Brax's programs, compiled in its calls: JAX's default
+        return train, compiled, time.perf_counter() - start, clock.total - before
+
+    # ONE SEED: both compiled (Brax's first call), then calls in alternation
+    key = jax.random.split(jax.random.PRNGKey(0), 1)
+    train, ours, ours_compile, ours_events = ours_compiled(key)
+    print(f"compiled ours in {ours_compile:.1f}s", flush=True)
+    jax.clear_caches()
+    first = brax_run(ppo_train, env, brax_kwargs, 0, clock)
+    print(f"Brax's first call: {first['seconds']:.1f}s, compiling {first['compile_s']:.1f}s",
+          flush=True)
+    jax.block_until_ready(ours(key))  # its first call, untimed (first touches of memory)
+    sps = {"ours": [], "brax": []}
+    brax_epoch_sps, brax_calls = [], []
+    for i in range(args.repeats):
+        start = time.perf_counter()
+        state, metrics = jax.block_until_ready(ours(key))
+        sps["ours"].append(steps / (time.perf_counter() - start))
+        run = brax_run(ppo_train, env, brax_kwargs, 0, clock)
+        sps["brax"].append(steps / run["train_s"])
+        brax_epoch_sps.append(run["epoch_sps"])
+        brax_calls.append({k: round(run[k], 2) for k in ("seconds", "compile_s", "train_s")})
+        print(f"run {i + 1}/{args.repeats}: ours {sps['ours'][-1]:,.0f} SPS, Brax "
+              f"{sps['brax'][-1]:,.0f} SPS ({run['seconds']:.1f}s, compiling "
+              f"{run['compile_s']:.1f}s; its epochs {run['epoch_sps']:,.0f} SPS)", flush=True)
+
+    env_triple = train.env
+    make_policy = run["make_policy"]  # every call's: the same networks
+    brax_act = lambda params, obs, first, hidden: (  # noqa: E731
+        make_policy(params, deterministic=True)(obs, jax.random.PRNGKey(0))[0], hidden)
+    returns = {"ours": eval_returns(train.act, env_triple, state, vmapped=True),
+               "brax": eval_returns(brax_act, env_triple, run["params"], vmapped=False)}
+    median = {name: statistics.median(v) for name, v in sps.items()}
+    compile_s = {"ours": ours_compile, "brax": first["compile_s"]}
+    for name in ("ours", "brax"):
+        print(f"{name:5s} compile {compile_s[name]:6.1f}s | median SPS {median[name]:10,.0f} "
+              f"over {args.repeats} runs | final return (deterministic, {EVAL_EPISODES} "
+              f"episodes) {returns[name][0]:.1f}")
+    print(f"speed ratio ours / Brax (medians): {median['ours'] / median['brax']:.2f}x; compile "
+          f"ratio: {compile_s['ours'] / compile_s['brax']:.2f}x")
+    record = {
+        "playground": args.playground, "networks": args.networks, "seeds": args.seeds,
+        "steps_per_seed": steps, "settings": settings,
+        "brax_train": {k: v for k, v in brax_kwargs.items() if k != "network_factory"},
+        "ours": dataclasses.asdict(config),
+        "compile_s": compile_s, "ours_compile_events_s": ours_events,
+        "brax_first_call": {k: round(first[k], 2) for k in ("seconds", "compile_s", "train_s")},
+        "sps": sps, "brax_epoch_sps": brax_epoch_sps, "brax_calls": brax_calls,
+        "eval_return": returns,
+        "train_return": {"ours": np.asarray(final_return(metrics["episodic_return"])).tolist()},
+    }
+    if args.seeds > 1:  # N SEEDS: ours vmapped in one call, Brax's calls one after another
+        keys = jax.random.split(jax.random.PRNGKey(0), args.seeds)
+        start = time.perf_counter()
+        train, ours, compiled_s, _ = ours_compiled(keys)
+        states, metrics = jax.block_until_ready(ours(keys))
+        ours_s = time.perf_counter() - start
+        start = time.perf_counter()
+        runs = [brax_run(ppo_train, env, brax_kwargs, seed, clock) for seed in range(args.seeds)]
+        brax_s = time.perf_counter() - start
+        print(f"{args.seeds} seeds' results: ours {ours_s:.1f}s (compiling {compiled_s:.1f}s), "
+              f"Brax {brax_s:.1f}s ({args.seeds} calls): {brax_s / ours_s:.2f}x", flush=True)
+        record["seeds_race"] = {
+            "seconds": {"ours": ours_s, "brax": brax_s}, "ours_compile_s": compiled_s,
+            "brax_calls": [{k: round(r[k], 2) for k in ("seconds", "compile_s", "train_s")}
+                           for r in runs],
+            "eval_return": {
+                "ours": eval_returns(train.act, env_triple, states, vmapped=True),
+                "brax": eval_returns(brax_act, env_triple, jax.tree.map(
+                    lambda *x: jnp.stack(x), *[r["params"] for r in runs]), vmapped=True)},
+            "train_return": {"ours": np.asarray(
+                final_return(metrics["episodic_return"])).tolist()},
+        }
+        print(f"final returns (deterministic): ours {record['seeds_race']['eval_return']['ours']}"
+              f", Brax {record['seeds_race']['eval_return']['brax']}")
+    return record
+
+
 COMPARE_ONLY = ("total_timesteps", "python_api", "purejaxrl_first")
 PROFILE_ONLY = ("updates", "top", "lowering_profile", "keep_trace")
 """The flags of one mode that the other refuses (the profile runs ours with JAX's default
 lowering, compiled first, for a number of updates)."""
+PLAYGROUND_ONLY = ("networks", "set")
+PUREJAXRL_ONLY = ("reference", "recurrent", "brax", "purejaxrl_first", "profile")
+"""The flags of the comparison with Brax's PPO (`--playground`), and those it refuses."""
 
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--reference", required=True, help="folder holding PureJaxRL's ppo.py")
-    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--reference", default=None,
+                        help="folder holding PureJaxRL's ppo.py (all but --playground)")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="vmapped seeds; --playground: also the time to this many seeds' "
+                        "results (Brax's one after another)")
     parser.add_argument("--recurrent", action="store_true",
                         help="recurrent PPO against PureJaxRL's ppo_rnn.py")
     parser.add_argument("--brax", default=None, metavar="NAME",
                         help="PPO on brax/NAME against PureJaxRL's ppo_continuous_action.py")
+    parser.add_argument("--playground", default=None, metavar="TASK",
+                        help="PPO on playground/TASK against Brax's own PPO trainer, at "
+                        "Playground's settings")
+    parser.add_argument("--networks", choices=("brax", "ours"), default="brax",
+                        help="--playground: both with Brax's PPO networks (policy 4x32, value "
+                        "5x256, swish) or with ours (64x64 tanh)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="NAME=VALUE",
+                        help="--playground: change Playground's settings (brax_ppo_config), "
+                        "e.g. num_envs=16 batch_size=32 num_minibatches=8")
     parser.add_argument("--total-timesteps", type=whole_number, default=None,
                         help="steps per seed (default 500000)")
     parser.add_argument("--repeats", type=int, default=None,
@@ -379,7 +674,11 @@ def parse_args(parser: argparse.ArgumentParser):
         parser.error("--recurrent and --brax compare different PureJaxRL files; pick one")
     if args.seeds < 1:
         parser.error(f"--seeds must be at least 1, got {args.seeds}")
-    defaults = parser.parse_args(["--reference", args.reference])
+    defaults = parser.parse_args([])
+    refuse_other_mode(parser, args, defaults, "playground", PLAYGROUND_ONLY, PUREJAXRL_ONLY)
+    if not args.playground and not args.reference:
+        parser.error("--reference DIR (the folder holding PureJaxRL's ppo.py) is required, "
+                     "except with --playground")
     refuse_other_mode(parser, args, defaults, "profile", PROFILE_ONLY, COMPARE_ONLY)
     if args.profile:
         args.updates, args.top = args.updates or 16, args.top or 40
@@ -389,7 +688,9 @@ def parse_args(parser: argparse.ArgumentParser):
         args.total_timesteps = args.total_timesteps or 500_000
         args.repeats = 5 if args.repeats is None else args.repeats
         suffix = "_rnn" if args.recurrent else f"_brax-{args.brax}" if args.brax else ""
-        args.out = args.out or f"benchmarks/results/vs_purejaxrl{suffix}.json"
+        args.out = args.out or (
+            f"benchmarks/results/vs_brax_ppo__{args.playground}__{args.networks}-networks.json"
+            if args.playground else f"benchmarks/results/vs_purejaxrl{suffix}.json")
     out_file(parser, args.out)
     if args.repeats < 1 or (args.profile and args.top < 1):
         parser.error("--repeats and --top must be at least 1")
@@ -405,6 +706,10 @@ def parse_args(parser: argparse.ArgumentParser):
 
 def main():
     args = parse_args(make_parser())
+    if args.playground:
+        figures = playground_side_by_side(args)
+        save(args, figures)
+        return
     if args.profile:
         batch, _, _ = configs(10**9, args.recurrent, args.brax)  # only its batch size
         total_timesteps = args.updates * batch.batch_size
@@ -415,6 +720,11 @@ def main():
     keys = jax.random.split(jax.random.PRNGKey(0), args.seeds)
     figures = (profile if args.profile else side_by_side)(args, reference, config, ref_config,
                                                           keys)
+    save(args, figures)
+
+
+def save(args, figures: dict):
+    """The raw results file: the command, the commit, the device and `figures`."""
     with open(args.out, "w") as f:
         json.dump({"command": " ".join(sys.argv), "commit": source_commit(),
                    "jax": jax.__version__, "device": jax.devices()[0].device_kind, **figures},

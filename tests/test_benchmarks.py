@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -404,6 +405,44 @@ def test_the_brax_comparison_runs_purejaxrl_s_settings_whatever_our_preset():
         PPO_BRAX_ACCELERATOR[k] for k in ("num_steps", "num_minibatches", "update_epochs"))
 
 
+def test_the_playground_comparison_gives_brax_s_ppo_and_ours_the_same_run(monkeypatch):
+    """`vs_purejaxrl.py --playground`: Playground's settings (with `--set` sizes) give both the
+    same transitions per update and per minibatch, epochs, learning rate, discount, entropy
+    cost, GAE lambda and clipping (Brax's defaults), steps (whole updates; Brax's loop runs one
+    training step per update) and networks' hidden layers; Brax's PPO runs on jax 0.10 through
+    the script's stand-in for `jax.device_put_replicated` (a leading axis of one per device)."""
+    pytest.importorskip("mujoco_playground")
+    import inspect
+
+    from benchmarks.vs_purejaxrl import brax_ppo_train, playground_configs
+
+    monkeypatch.setattr(jax, "device_put_replicated", None, raising=False)
+    monkeypatch.delattr(jax, "device_put_replicated")  # absent again after the test
+    ppo_train = brax_ppo_train()
+    sizes = {"num_envs": 16, "batch_size": 32, "num_minibatches": 8}
+    config, brax, settings = playground_configs("CartpoleBalance", 10**5, sizes, "brax")
+    default = {k: v.default for k, v in inspect.signature(ppo_train.train).parameters.items()}
+    per_update = brax["batch_size"] * brax["num_minibatches"] * brax["unroll_length"]
+    assert config.batch_size == per_update == 16 * 480 and config.num_steps == 480
+    assert config.minibatch_size == brax["batch_size"] * brax["unroll_length"]
+    assert brax["num_timesteps"] == config.total_timesteps == 13 * per_update  # 1e5 rounded
+    assert (brax["num_evals"] - 1) * brax["num_resets_per_eval"] == config.num_updates
+    assert (config.update_epochs, config.learning_rate, config.gamma, config.ent_coef) == (
+        settings["num_updates_per_batch"], settings["learning_rate"], settings["discounting"],
+        settings["entropy_cost"]) == (16, 1e-3, 0.995, 1e-2)
+    assert (config.gae_lambda, config.clip_coef, config.anneal_lr, config.normalize_obs) == (
+        default["gae_lambda"], default["clipping_epsilon"], False, True)
+    networks = brax["network_factory"](5, 1)
+    shapes = lambda net: [k.shape for k in jax.tree.leaves(jax.eval_shape(  # noqa: E731
+        net.init, jax.random.PRNGKey(0))) if k.ndim == 2]
+    assert shapes(networks.policy_network)[:-1] == [(5, 32)] + [(32, 32)] * 3
+    assert shapes(networks.value_network)[:-1] == [(5, 256)] + [(256, 256)] * 4
+    assert (config.hidden_size, config.hidden_layers, config.critic_hidden_size,
+            config.critic_hidden_layers, config.activation) == (32, 4, 256, 5, "swish")
+    replicated = jax.device_put_replicated({"x": np.arange(3.0)}, jax.local_devices()[:1])
+    assert replicated["x"].shape == (1, 3)
+
+
 @pytest.mark.parametrize("script, mode", [("vs_purejaxrl", []), ("vs_purejaxrl", ["--profile"]),
                                           ("cli_overhead", [])])
 def test_a_results_path_that_cannot_be_written_is_one_line_and_exit_2_before_running(
@@ -434,6 +473,10 @@ REFERENCE = ["--reference", "none"]
     ("vs_purejaxrl", [*REFERENCE, "--updates", "3"], "--updates applies only with --profile"),
     ("vs_purejaxrl", [*REFERENCE, "--lowering-profile"],
      "--lowering-profile applies only with --profile"),
+    ("vs_purejaxrl", ["--playground", "CartpoleBalance", "--recurrent"],
+     "--recurrent applies only without --playground"),
+    ("vs_purejaxrl", [*REFERENCE, "--networks", "ours"], "--networks applies only with --playground"),
+    ("vs_purejaxrl", [], "--reference DIR"),
     ("learning", ["--suite", "playground", "--seeds", "3"], "--seeds applies only without --suite"),
     ("learning", ["--tasks", "CartpoleBalance"], "--tasks applies only with --suite"),
     ("table", ["--rows", "gru"], "--rows applies only with --recheck"),
