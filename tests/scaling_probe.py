@@ -2,7 +2,7 @@
 checks that need devices set before JAX starts.
 Prints `ok PART` for each part that passes and exits 0 when all do.
 
-    python tests/scaling_probe.py learn gru update api chunks cli-seeds cli-refuse cli-data
+    python tests/scaling_probe.py learn gru update api chunks cli-seeds cli-refuse cli-data cli-pbt
 
 `learn`: one `learn` step gives the same parameters on 1 and 4 devices as without a device
 axis; `gru`: the same with `--network gru` on 4 devices; `update`: data-parallel training
@@ -10,7 +10,8 @@ through `parallel.data_parallel` on 2 devices (`--network gru`); `api`:
 `parallel.spread_seeds` (PPO); `chunks`: the command line's per-device chunk programs against
 one shard_map program (A2C). The other parts cover PPO, A2C and IMPALA. The `cli-` parts run
 PPO's command line in this process (`algos.ppo.main`, flags as given on the command line):
-seeds on 2 devices against 1, a seed count that does not divide, data-parallel on 2 devices.
+seeds on 2 devices against 1, a seed count that does not divide, data-parallel on 2 devices,
+a PBT population on 2 devices against 1.
 """
 import os
 import sys
@@ -437,13 +438,34 @@ def check_cli_data(tmp):
     assert record["train_state"]["env"]["obs"].shape == (2, 8, 4)  # global layout, 2 seeds
 
 
+def check_cli_pbt(tmp):
+    """PBT, 4 members, 2 per device on 2 devices (one program over the mesh, the PBT step's
+    gathers across the devices): the population, its hyperparameters, its lineage and its
+    metrics equal the same run on one device, bit for bit."""
+    one, two = f"{tmp}/one", f"{tmp}/two"
+    args = CLI_SHORT + ["--pbt-population", "4", "--pbt-interval", "2", "--pbt-search",
+                        "learning_rate=1e-4:1e-2:log", "ent_coef=0:0.02"]
+    a = command_line(args + ["--num-devices", "1"], one)
+    b = command_line(args + ["--num-devices", "2"], two)
+    for code, _, err in (a, b):
+        assert code == 0, err[-3000:]
+    ra, rb = final_state(one), final_state(two)
+    assert ra["update"] == rb["update"] == 8
+    sources = np.asarray(ra["pbt"]["source"])  # [intervals, members]
+    for x, y in zip(jax.tree.leaves((ra["train_state"], ra["pbt"], ra["metrics"])),
+                    jax.tree.leaves((rb["train_state"], rb["pbt"], rb["metrics"])),
+                    strict=True):
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+    assert (sources != np.arange(4)).any(), sources  # members were copied
+
+
 def check(part: str):
     """One part of the probe (`learn`, `gru` and `update` for all three algorithms)."""
     learn = {"ppo": check_learn_ppo, "a2c": check_learn_a2c, "impala": check_learn_impala}
     learn_gru = {"ppo": check_learn_ppo_gru, "a2c": check_learn_a2c_gru,
                  "impala": check_learn_impala_gru}
     cli = {"cli-seeds": check_cli_seeds, "cli-refuse": check_cli_refuse,
-           "cli-data": check_cli_data}
+           "cli-data": check_cli_data, "cli-pbt": check_cli_pbt}
     if part == "learn":
         for algo, check_learn in learn.items():
             check_learn()

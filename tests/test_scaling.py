@@ -63,7 +63,8 @@ def final_state(log_dir):
 
 
 # ------------------------------------------------------------------ one agent, data-parallel
-PARTS = ("learn", "gru", "update", "api", "chunks", "cli-seeds", "cli-refuse", "cli-data")
+PARTS = ("learn", "gru", "update", "api", "chunks", "cli-seeds", "cli-refuse", "cli-data",
+         "cli-pbt")
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +127,11 @@ def test_cli_refuses_seeds_that_do_not_divide(probe):
 
 def test_cli_data_parallel_on_2_devices_keeps_the_global_layout(probe):
     probe_part(probe, "cli-data")
+
+
+def test_cli_pbt_on_2_devices_equals_1_device(probe):
+    """A PBT population of 4, 2 members per device (one program over the mesh, the PBT
+    step's gathers reaching the other device's members): the population, its
+    hyperparameters, its lineage and its metrics are those of the same run on one device,
+    bit for bit, and members were copied."""
+    probe_part(probe, "cli-pbt")
