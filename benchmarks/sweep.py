@@ -89,15 +89,18 @@ def timed(fn, *args):
 
 
 def run_pbt_experiment(train, config, space, grid: dict, key, baseline: bool):
-    """One experiment: PBT from `key`, the grid's points with the members' keys (point i takes
-    member i's key, cycling), and with `baseline` the PBT population without its steps.
-    Returns a dict of NumPy results and timings."""
+    """One experiment: PBT from `key`, the grid's points (none: no grid) with the members'
+    keys (point i takes member i's key, cycling; the same for every `space.interval`), and
+    with `baseline` the PBT population without its steps. Returns a dict of NumPy results
+    and timings."""
     pbt_train = pbt.make_pbt_train(train, config.num_updates, space)
     member_keys, key_hparams, _ = pbt.population_keys(key, space.population)
     start_hparams = pbt.initial_hparams(key_hparams, config.hparams(), space)
     (states, metrics, lineage), compile_s, train_s = timed(pbt_train, key)
     out = {"pbt": dict(metrics=metrics, lineage=lineage, compile_s=compile_s, train_s=train_s,
                        start_hparams=jax.tree.map(np.asarray, start_hparams))}
+    if not grid:
+        return out
     points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
     base = config.hparams()
     grid_hparams = jax.tree.map(lambda *xs: jnp.stack(xs), *[
@@ -147,10 +150,11 @@ def pbt_main(args, module, config, grid):
                              episodic_return=np.round(curves, 2).tolist())
         record["experiments"].append(row)
         summary.append(row)
-    wins = [(r["pbt"]["best"] >= r["grid"]["best"], r["pbt"]["median"] > r["grid"]["median"])
-            for r in summary]
-    print(f"PBT best >= grid best in {sum(w[0] for w in wins)} of {len(wins)}; PBT median > "
-          f"grid median in {sum(w[1] for w in wins)} of {len(wins)}")
+    if grid:
+        wins = [(r["pbt"]["best"] >= r["grid"]["best"],
+                 r["pbt"]["median"] > r["grid"]["median"]) for r in summary]
+        print(f"PBT best >= grid best in {sum(w[0] for w in wins)} of {len(wins)}; PBT median "
+              f"> grid median in {sum(w[1] for w in wins)} of {len(wins)}")
     if args.baseline:
         ratios = [r["pbt"]["train_s"] / r["baseline"]["train_s"] for r in summary]
         print("PBT train time / the same population without PBT: "
@@ -194,7 +198,7 @@ def main():
     parser.add_argument("--total-timesteps", type=whole_number, default=None)
     parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
                         help="structural Config overrides, e.g. --set num_envs=64")
-    parser.add_argument("--grid", nargs="+", required=True, metavar="FIELD=V1,V2",
+    parser.add_argument("--grid", nargs="+", default=[], metavar="FIELD=V1,V2",
                         help="float hyperparameters to sweep (the Cartesian product is run)")
     parser.add_argument("--variant", default="", help="a benchmarks/configs.py VARIANTS entry")
     parser.add_argument("--pbt", nargs="+", default=None, metavar="FIELD=LOW:HIGH[:log]",
@@ -211,6 +215,8 @@ def main():
 
     module = importlib.import_module(f"algos.{args.algo}")
     grid = parse_grid(args.grid, module.HParams._fields)
+    if not grid and not args.pbt:
+        raise SystemExit("error: --grid FIELD=V1,V2 ... is required (optional with --pbt).")
     overrides = parse_overrides(args.set)
     args.total_timesteps = check_overrides(args.algo, module.Config, overrides,
                                            args.total_timesteps)
