@@ -117,7 +117,8 @@ def run_pbt_experiment(train, config, space, grid: dict, key, baseline: bool):
 def pbt_main(args, module, config, grid):
     """`--pbt`: PBT against the grid, `--experiments` times; prints and saves the record."""
     fields = [f for f in module.HParams._fields]
-    space = pbt.SearchSpace(parse_ranges(args.pbt, fields), args.population, args.interval)
+    space = pbt.SearchSpace(parse_ranges(args.pbt, fields), args.population, args.interval,
+                            resample=args.resample)
     if config.num_updates % space.interval:
         raise SystemExit(f"error: --interval {space.interval} does not divide the run's "
                          f"{config.num_updates} updates.")
@@ -205,6 +206,8 @@ def main():
                         help="PBT against the grid over these ranges (module docstring)")
     parser.add_argument("--population", type=int, default=8, help="--pbt: members")
     parser.add_argument("--interval", type=int, default=10, help="--pbt: updates per step")
+    parser.add_argument("--resample", type=float, default=0.0,
+                        help="--pbt: probability a copied value is redrawn from its range")
     parser.add_argument("--experiments", type=int, default=1, help="--pbt: repetitions")
     parser.add_argument("--baseline", action="store_true",
                         help="--pbt: also the population without PBT (the time PBT adds)")
