@@ -547,3 +547,30 @@ def test_runs_with_many_updates_log_at_most_1000_points_per_chart():
     assert logger.log_every(1001) == 2
     assert logger.log_every(6250) == 7  # 893 points
     assert logger.log_every(6250, requested=1) == 1  # --log-every 1: every update
+
+
+def test_a_checkpoint_from_before_a_config_field_existed_resumes_at_its_default(tmp_path):
+    """A field the Config gained after a checkpoint was written (PPO's network shape:
+    `hidden_layers`, `critic_hidden_size`, `critic_hidden_layers`) is absent from its saved
+    config: resumed with that field at its default, the configs match; at another value, the
+    difference is named."""
+    import dataclasses
+
+    from common.host import preflight
+    from common.host.options import RunOptions
+    from helpers import initial_state, save_initial
+
+    path = save_initial(tmp_path / checkpoint.LATEST, "ppo")
+    record = checkpoint.load(path)
+    added = ("hidden_layers", "critic_hidden_size", "critic_hidden_layers")
+    old = {k: v for k, v in record["config"].items() if k not in added}
+    assert set(record["config"]) - set(old) == set(added)
+    config, _, state = initial_state("ppo", 1)
+    template = jax.eval_shape(lambda: state)
+    run = RunOptions(num_seeds=1, exp_name="ppo")
+    restored = preflight.resume(path, {**record, "config": old}, "ppo", config, run, template)
+    assert jax.tree.structure(restored) == jax.tree.structure(state)
+    other = dataclasses.replace(config, hidden_layers=3)
+    with pytest.raises(checkpoint.CheckpointError, match="hidden_layers: 2 -> 3"):
+        preflight.resume(path, {**checkpoint.load(path), "config": old}, "ppo", other, run,
+                         template)

@@ -147,7 +147,9 @@ def resume(path: str, record: dict, algo: str, config, run: RunOptions, template
     checkpoint.check_algo(record, algo, path)
     now = {k: getattr(run, k) for k in RESUME_MUST_MATCH}
     defaults = {f.name: f.default for f in dataclasses.fields(RunOptions)}  # an older file's
-    differences = checkpoint.config_differences(record["config"], dataclasses.asdict(config)) \
+    saved = {**{f.name: f.default for f in dataclasses.fields(config)  # fields added since it
+                if f.default is not dataclasses.MISSING}, **record["config"]}  # was written
+    differences = checkpoint.config_differences(saved, dataclasses.asdict(config)) \
         + checkpoint.config_differences({k: record["run"].get(k, defaults[k]) for k in now}, now)
     if differences:
         raise checkpoint.CheckpointError(f"cannot resume {path!r} with a different config "
