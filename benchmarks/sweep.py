@@ -45,7 +45,7 @@ from benchmarks.configs import (check_overrides, library_versions, parse_overrid
                                 save_record, settings, source_commit, thin_curves)
 from common import pbt  # noqa: E402
 from common.host.logger import final_return, seed_keys  # noqa: E402
-from common.host.options import whole_number  # noqa: E402
+from common.host.options import search_ranges, whole_number  # noqa: E402
 from common.host.prng import unroll_threefry_on_cpu  # noqa: E402
 
 
@@ -63,20 +63,16 @@ def parse_grid(items, fields):
 
 
 def parse_ranges(items, fields):
-    """`["learning_rate=1e-4:1e-2:log", "ent_coef=0:0.05"]` -> a tuple of `pbt.Range`."""
-    ranges = []
-    for item in items:
-        field, sep, text = item.partition("=")
-        parts = text.split(":")
-        if not sep or field not in fields or len(parts) not in (2, 3) or \
-                (len(parts) == 3 and parts[2] != "log"):
-            raise SystemExit(f"error: --pbt takes FIELD=LOW:HIGH or FIELD=LOW:HIGH:log with "
-                             f"FIELD one of {', '.join(fields)}; got {item!r}.")
-        try:
-            ranges.append(pbt.Range(field, float(parts[0]), float(parts[1]), len(parts) == 3))
-        except ValueError as e:
-            raise SystemExit(f"error: --pbt {item!r}: {e}") from None
-    return tuple(ranges)
+    """`["learning_rate=1e-4:1e-2:log", "ent_coef=0:0.05"]` -> a tuple of `pbt.Range`, read
+    as the command line's `--pbt-search` reads them (`options.search_ranges`)."""
+    try:
+        ranges = search_ranges(items)
+    except ValueError as e:
+        raise SystemExit(f"error: {str(e).replace('--pbt-search', '--pbt', 1)}") from None
+    for name, *_ in ranges:
+        if name not in fields:
+            raise SystemExit(f"error: --pbt {name!r} is not one of {', '.join(fields)}.")
+    return tuple(pbt.Range(*r) for r in ranges)
 
 
 def timed(fn, *args):
@@ -196,12 +192,9 @@ def run_grid(module, config, grid: dict, seeds: int, seed: int = 1):
                            *[base._replace(**{k: jnp.float32(v) for k, v in p.items()})
                              for p in points])
     keys = jnp.tile(jnp.asarray(seed_keys(seed, seeds)), (len(points), 1))
-    start = time.perf_counter()
-    train = jax.jit(jax.vmap(module.make_train(config))).lower(keys, hparams).compile()
-    compile_s = time.perf_counter() - start
-    start = time.perf_counter()
-    _, metrics = jax.block_until_ready(train(keys, hparams))
-    return points, jax.tree.map(np.asarray, metrics), compile_s, time.perf_counter() - start
+    (_, metrics), compile_s, train_s, _ = timed(jax.vmap(module.make_train(config)), keys,
+                                                hparams)
+    return points, metrics, compile_s, train_s
 
 
 def main():
