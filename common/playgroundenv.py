@@ -121,9 +121,16 @@ class PlaygroundEnv(TimeLimitAutoReset):
     """A Playground environment with gymnax's methods (see the module docstring)."""
 
     fresh_starts = 1 / 16
-    """The rollout's default pool of fresh starts, per transition (`common/rollout.py`): an MJX
-    reset runs the physics' forward pass, as dear as a step. The Control Suite's episodes
-    last 1,000 steps: a start every 16 steps or so never repeats."""
+    """The rollout's default pool of fresh starts, per transition (`common/rollout.py`), for
+    tasks whose episodes can end early (locomotion and manipulation: a robot falls). An MJX
+    reset runs the physics' forward pass at least, as dear as a step, and CheetahRun's runs
+    200 steps of physics besides, to let the cheetah settle: as dear as 200 control steps.
+    The Control Suite's episodes end only at their time limit (or where the physics goes
+    NaN), so there it is one start per environment per episode length (`__init__`): a
+    rollout of up to 1,000 steps draws one batch of starts and never repeats one. At 1/16,
+    CheetahRun's 480-step rollout drew 30, and its update ran 7.5 times slower on a CPU
+    (32 envs) and over 10 times slower than Brax's PPO on a TPU v5e
+    (`benchmarks/results/tpu/vs_brax_ppo__CheetahRun__tpu-v5e__unfinished.txt`)."""
 
     keeps_keys = True
     """Playground's state keeps its PRNG key (`info["rng"]`), so the rollout gives it JAX's own
@@ -138,6 +145,8 @@ class PlaygroundEnv(TimeLimitAutoReset):
             self.env = registry.load(task, config_overrides={"impl": "jax"})
         self.name = f"playground/{task}"
         self.default_params = PlaygroundParams(int(self.env._config.episode_length))
+        if playground_tasks()[task] == "dm_control_suite":
+            self.fresh_starts = 1 / self.default_params.max_steps_in_episode
 
     @staticmethod
     def policy_obs(obs):

@@ -133,8 +133,9 @@ def pool_segments(env, fresh_starts: float | None, num_steps: int) -> int:
     L = num_steps / K steps. 0, no pool, where L would be 1 (a start for every step:
     `env.step`'s own reset is no dearer).
 
-    1/4 (Brax's default) with 10 steps gives 5 segments of 2; 1/16 (Playground's) with 480
-    steps 30 segments of 16. A Brax reset costs about 2% of a step."""
+    1/4 (Brax's default) with 10 steps gives 5 segments of 2; 1/16 with 480 steps 30
+    segments of 16; 1/1000 (the Control Suite's) with 480 steps one. A Brax reset costs
+    about 2% of a step."""
     if fresh_starts is None:
         fresh_starts = getattr(env, "fresh_starts", 1.0)
     segments = next(k for k in range(1, num_steps + 1)

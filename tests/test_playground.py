@@ -30,7 +30,7 @@ from common.envs import check_env_id, known_env_ids, make_env  # noqa: E402
 from common.host import checkpoint, cli  # noqa: E402
 from common.playgroundenv import PlaygroundEnv, PlaygroundParams  # noqa: E402
 from common.presets import PRESETS  # noqa: E402
-from common.rollout import reset, rollout  # noqa: E402
+from common.rollout import pool_segments, reset, rollout  # noqa: E402
 from helpers import traces_around_make_env  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -111,6 +111,10 @@ def test_spaces_policy_observation_and_presets():
     assert spec.obs_shape == (5,) and not spec.discrete and spec.action_dim == 1
     assert (spec.action_low, spec.action_high) == ((-1.0,), (1.0,))  # actuator_ctrlrange
     assert params.max_steps_in_episode == 1000  # the suite's episode_length
+    # episodes end at the time limit only: one batch of starts per rollout of up to 1,000
+    # steps (CheetahRun's reset steps the physics 200 times; 30 batches made it 7.5x slower)
+    assert [pool_segments(env, None, n) for n in (64, 480, 1000, 2000)] == [1, 1, 1, 2]
+    assert env.fresh_starts == 1 / 1000 and PlaygroundEnv.fresh_starts == 1 / 16
     assert PlaygroundEnv.policy_obs({"state": 1, "privileged_state": 2}) == 1
     control = [i for i in known_env_ids() if i.startswith("playground/")]
     assert len(control) == 25 and "playground/WalkerWalk" in control
