@@ -378,6 +378,7 @@ BRAX_NETWORKS = dict(hidden_size=32, hidden_layers=4, critic_hidden_size=256,
                      critic_hidden_layers=5, activation="swish")
 """Our Config's network fields for Brax's PPO default networks (`make_ppo_networks`)."""
 EVAL_EPISODES = 16
+"""The episodes of each final policy's evaluation (`--eval-episodes`' default)."""
 COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
                   "/jax/core/compile/backend_compile_duration")
@@ -495,15 +496,17 @@ def brax_run(ppo_train, env, brax_kwargs: dict, seed: int, clock: CompileClock) 
             "make_policy": make_policy, "params": params}
 
 
-def eval_returns(act, env_triple, states, vmapped: bool) -> list:
+def eval_returns(act, env_triple, states, vmapped: bool, episodes: int) -> list:
     """Each final policy's deterministic return (`common/evaluate.py`), the mean over
-    `EVAL_EPISODES` episodes; `act(state, obs, first, hidden)`, `states` one or (`vmapped`)
-    stacked along a leading axis."""
+    `episodes` episodes (none: `[]`, nothing compiled); `act(state, obs, first, hidden)`,
+    `states` one or (`vmapped`) stacked along a leading axis."""
+    if not episodes:
+        return []
     env, env_params, spec = env_triple
 
     def returns(state):
         return evaluate(functools.partial(act, state), env, env_params, spec,
-                        jax.random.PRNGKey(1), EVAL_EPISODES)[0].mean()
+                        jax.random.PRNGKey(1), episodes)[0].mean()
 
     fn = jax.jit(jax.vmap(returns) if vmapped else returns)
     return np.atleast_1d(np.asarray(fn(states), np.float64)).round(2).tolist()
@@ -560,14 +563,15 @@ def playground_side_by_side(args) -> dict:
     make_policy = run["make_policy"]  # every call's: the same networks
     brax_act = lambda params, obs, first, hidden: (  # noqa: E731
         make_policy(params, deterministic=True)(obs, jax.random.PRNGKey(0))[0], hidden)
-    returns = {"ours": eval_returns(train.act, env_triple, state, vmapped=True),
-               "brax": eval_returns(brax_act, env_triple, run["params"], vmapped=False)}
+    episodes = args.eval_episodes
+    returns = {"ours": eval_returns(train.act, env_triple, state, True, episodes),
+               "brax": eval_returns(brax_act, env_triple, run["params"], False, episodes)}
     median = {name: statistics.median(v) for name, v in sps.items()}
     compile_s = {"ours": ours_compile, "brax": first["compile_s"]}
     for name in ("ours", "brax"):
         print(f"{name:5s} compile {compile_s[name]:6.1f}s | median SPS {median[name]:10,.0f} "
-              f"over {args.repeats} runs | final return (deterministic, {EVAL_EPISODES} "
-              f"episodes) {returns[name][0]:.1f}")
+              f"over {args.repeats} runs | final return (deterministic, {episodes} "
+              f"episodes) {returns[name][0] if episodes else 'not evaluated'}")
     print(f"speed ratio ours / Brax (medians): {median['ours'] / median['brax']:.2f}x; compile "
           f"ratio: {compile_s['ours'] / compile_s['brax']:.2f}x")
     record = {
@@ -597,9 +601,9 @@ def playground_side_by_side(args) -> dict:
             "brax_calls": [{k: round(r[k], 2) for k in ("seconds", "compile_s", "train_s")}
                            for r in runs],
             "eval_return": {
-                "ours": eval_returns(train.act, env_triple, states, vmapped=True),
+                "ours": eval_returns(train.act, env_triple, states, True, episodes),
                 "brax": eval_returns(brax_act, env_triple, jax.tree.map(
-                    lambda *x: jnp.stack(x), *[r["params"] for r in runs]), vmapped=True)},
+                    lambda *x: jnp.stack(x), *[r["params"] for r in runs]), True, episodes)},
             "train_return": {"ours": np.asarray(
                 final_return(metrics["episodic_return"])).tolist()},
         }
@@ -612,7 +616,7 @@ COMPARE_ONLY = ("total_timesteps", "python_api", "purejaxrl_first")
 PROFILE_ONLY = ("updates", "top", "lowering_profile", "keep_trace")
 """The flags of one mode that the other refuses (the profile runs ours with JAX's default
 lowering, compiled first, for a number of updates)."""
-PLAYGROUND_ONLY = ("networks", "set")
+PLAYGROUND_ONLY = ("networks", "set", "eval_episodes")
 PUREJAXRL_ONLY = ("reference", "recurrent", "brax", "purejaxrl_first", "profile")
 """The flags of the comparison with Brax's PPO (`--playground`), and those it refuses."""
 
@@ -634,6 +638,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--networks", choices=("brax", "ours"), default="brax",
                         help="--playground: both with Brax's PPO networks (policy 4x32, value "
                         "5x256, swish) or with ours (64x64 tanh)")
+    parser.add_argument("--eval-episodes", type=int, default=EVAL_EPISODES, metavar="N",
+                        help="--playground: episodes of each final policy's deterministic "
+                        f"evaluation (default {EVAL_EPISODES}; 0: none, nothing more compiled)")
     parser.add_argument("--set", nargs="+", default=[], metavar="NAME=VALUE",
                         help="--playground: change Playground's settings (brax_ppo_config), "
                         "e.g. num_envs=16 batch_size=32 num_minibatches=8")
@@ -692,6 +699,8 @@ def parse_args(parser: argparse.ArgumentParser):
             f"benchmarks/results/vs_brax_ppo__{args.playground}__{args.networks}-networks.json"
             if args.playground else f"benchmarks/results/vs_purejaxrl{suffix}.json")
     out_file(parser, args.out)
+    if args.eval_episodes < 0:
+        parser.error(f"--eval-episodes must be 0 (none) or more, got {args.eval_episodes}")
     if args.repeats < 1 or (args.profile and args.top < 1):
         parser.error("--repeats and --top must be at least 1")
     if args.threads < 0:
