@@ -127,8 +127,7 @@ class Config:
     `critic_hidden_size` where given), and of the recurrent core and its layers."""
     hidden_layers: int = 2
     """Hidden layers of the actor and critic MLPs (the critic's: `critic_hidden_layers` where
-    given). Brax's PPO networks, for example: `--hidden-size 32 --hidden-layers 4
-    --critic-hidden-size 256 --critic-hidden-layers 5 --activation swish`."""
+    given). Brax's PPO networks: 32 x 4, the critic 256 x 5, swish."""
     critic_hidden_size: int | None = None
     """Width of the critic MLP's hidden layers (None: `hidden_size`)."""
     critic_hidden_layers: int | None = None
@@ -246,11 +245,10 @@ class HParams(NamedTuple):
 class ActorCritic(nn.Module):
     """pi(a|s) and V(s). MLP torso: separate actor and critic MLPs (images flattened), of
     `hidden_layers` layers of `hidden_size` units (the critic's: `critic_hidden_layers` of
-    `critic_hidden_size` where given). CNN torso:
-    one shared CNN (Conv 16 3x3, Dense 128, as the MinAtar baselines, Young & Tian 2019,
-    arXiv:1903.03176) with a policy head and a value head. Recurrent: the torso (one Dense
-    layer, or the CNN) feeds a recurrent core (GRU or LSTM), whose output feeds an actor and a
-    critic layer.
+    `critic_hidden_size` where given). CNN torso: one shared CNN (Conv 16 3x3, Dense 128, as
+    the MinAtar baselines, Young & Tian 2019, arXiv:1903.03176) with a policy head and a value
+    head. Recurrent: the torso (one Dense layer, or the CNN) feeds a recurrent core (GRU or
+    LSTM), whose output feeds an actor and a critic layer.
 
     `__call__(obs, hidden=None, first=None) -> (pi, value, memory)`. Feed-forward: `obs` has
     any leading axes and `memory` is None. Recurrent: `obs` [T, N, ...] is a time-major

@@ -10,9 +10,8 @@ Data-parallel training keeps one invariant: every device holds the same paramete
 state, observation statistics and PRNG key; only its environments (and their keys,
 `fold_in_device`) differ. Each update all-gathers the rollout (`all_gather`), every device
 shuffles that global batch with the same key, and each takes the gradient of its 1/D share of
-each minibatch (`device_share`); their mean (`pmean`) is the minibatch's gradient. So one
-update gives the same parameters on 1, 2 or 4 devices, to float rounding
-(`tests/test_scaling.py`).
+each minibatch (`device_share`), their mean (`pmean`) the minibatch's: the same parameters
+on 1, 2 or 4 devices, to float rounding (`tests/test_scaling.py`).
 
 `common/parallel.py` wraps a `train` function for either layout from Python (the command
 line does the same with more bookkeeping in `common/host/devices.py`'s `Layout`).

@@ -164,16 +164,12 @@ def per_env(fn, env_params):
     """`fn(*args, env_params)` over a batch of environments: `jax.vmap(fn, in_axes=(0, ...,
     None))` with `fn` traced for one environment under `jax.jit`.
 
-    The same computation, faster to build: JAX traces the environment's Python once, for one
-    environment, and batches the traced program (the way it batches any jitted function under
-    vmap), instead of running each of that Python's operations through vmap's tracer. A Brax
-    step is thousands of small operations: on a CPU Ant's traced in 0.65 s instead of 1.3 s,
-    and PPO's whole Brax Ant program lowered in 4.1 s instead of 6.2 s (PureJaxRL's, whose
-    wrappers jit their steps, 4.8 s). The inner jit is inlined into the one XLA program, which
-    may round a few results differently in the last bit (CartPole's step: 3 of 9 outputs).
-    One jitted function serves every call with the same `fn` and (hashable) `env_params`, so
-    that the first state's reset and the pool's, even in two programs of one process, trace
-    the environment once: JAX reuses a jitted function's trace for the same input shapes.
+    The same computation, faster to build: JAX traces the environment's Python once and
+    batches the traced program, instead of running each of its (for Brax, thousands of)
+    operations through vmap's tracer: PPO's Brax Ant program lowered in 4.1 s instead of 6.2 s
+    on a CPU. The inlined jit may round a few results differently in the last bit. One jitted
+    function serves every call with the same `fn` and (hashable) `env_params`, so that every
+    reset and step of a process traces the environment once for each input shape.
     """
     return jax.vmap(_jitted(fn, env_params))
 
@@ -200,14 +196,11 @@ def trace_ahead(env, env_params):
     any program, for an environment with a pool by default (Brax, Playground; no-op
     elsewhere, and on a CPU).
 
-    `per_env`'s jitted functions keep these traces, and the programs built later (the first
-    state, the rollout's pool and step) reuse them instead of tracing the physics inside a
-    `vmap` over seeds of nested scans, where each of JAX's operations costs more. On a TPU
-    v5e's host Brax Ant's step traced in 0.8 s here against 5.9 s inside PPO's program, which
-    then lowered in 16.1 s with this call against 21.2 and 21.6 s without (4 seeds x 2,048
-    environments). On a CPU it gained nothing (docs/performance.md). The shapes are those the
-    rollout uses there: raw uint32 keys (`straight_keys` changes none off the CPU), float32
-    actions; a program that calls with others traces its own, as without this call.
+    `per_env`'s jitted functions keep these traces, and the programs built later reuse them
+    instead of tracing the physics inside a `vmap` over seeds of nested scans, where each of
+    JAX's operations costs more: on a TPU v5e's host PPO's Brax Ant program lowered in 16.1 s
+    with this call against 21.2 s without; on a CPU it gained nothing (docs/performance.md).
+    The shapes are the rollout's there (raw uint32 keys, float32 actions).
     """
     if jax.default_backend() == "cpu" or getattr(env, "fresh_starts", 1.0) >= 1:
         return

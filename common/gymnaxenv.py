@@ -1,12 +1,10 @@
 """gymnax's environments: the adapter `common/envs.py` uses for every id without a backend's
 prefix (`ids`, `check`, `make`).
 
-gymnax is imported inside `make`, not at the top: importing gymnax creates JAX arrays and so
-starts the XLA backend, after which the number of CPU devices and `jax.distributed` can no
-longer be set (`common/host/cli.py` sets them first). `ids` knows every gymnax id without
-importing gymnax, so a config can refuse an unknown id without starting JAX, and `make`
-imports only the module of the environment it makes (a built-in one, while gymnax itself is
-not imported), not all of them.
+gymnax is imported inside `make`, not at the top: importing it starts the XLA backend, after
+which the CPU device count and `jax.distributed` can no longer be set. `ids` knows every id
+without importing gymnax (a config refuses an unknown id before JAX starts), and `make`
+imports only the module of the environment it makes.
 """
 
 import ast

@@ -235,19 +235,15 @@ def sgd_scan(loss_fn, optimizer, params, opt_state, batches, reduce=lambda tree:
     CartPole under `vmap`, about a quarter of the run's time).
 
     Off a CPU (`vector_steps` None: `jax.default_backend()`; True or False to choose), a flat
-    optimiser's steps run on the tree instead (`stepping_form`), with `inner`'s state taken
-    out of its vector before the loop and put back after it: the state the caller holds has
-    the same structure on every backend, so a checkpoint moves between them. On a TPU v5e
-    joining Brax Ant's gradients into one vector cost 16 of each step's 58 us
-    (docs/performance.md). The same numbers, up to the rounding of the global norm's sum.
-    An optimiser already in its `stepping_form` is stepped as it is.
+    optimiser steps the tree instead (`stepping_form`; on a TPU v5e joining Brax Ant's
+    gradients into one vector cost 16 of each step's 58 us), its state moved out of the
+    vector and back around the loop, so the state the caller holds, and a checkpoint, is the
+    same on every backend (the same numbers, up to the rounding of the global norm's sum).
 
     A `Minibatches` is gathered where `unroll` says. None: on a CPU all at once before the
-    loop (`stacked()`), elsewhere a minibatch at a time in the step that uses it, with the
-    loop unrolled `UNROLL_OFF_CPU` steps at a time, so that one step's gather runs beside
-    another's work; an int: in its step, unrolled so. On a TPU v5e gathering in the step
-    made Brax Ant's update 0.9 ms faster (docs/performance.md); on a 2-core CPU it was
-    within noise for PPO on CartPole, and the CPU's program stays as it was.
+    loop (`stacked()`), elsewhere each in the step that uses it, `UNROLL_OFF_CPU` steps
+    unrolled together so that one step's gather runs beside another's work (0.9 ms of Brax
+    Ant's update on a TPU v5e; docs/performance.md); an int: in its step, unrolled so.
     """
     if unroll is not None and (not isinstance(unroll, int) or unroll < 1):
         raise ValueError(f"sgd_scan: unroll must be a whole number of steps, 1 or more (or "
@@ -277,10 +273,8 @@ def sgd_scan(loss_fn, optimizer, params, opt_state, batches, reduce=lambda tree:
 
 UNROLL_OFF_CPU = 4
 """`sgd_scan`'s steps unrolled together off a CPU, where it gathers each minibatch in its
-step. Brax Ant's update on a TPU v5e (4 seeds x 2,048 envs, 32 minibatches; two probes, each
-one process of alternated runs): 63.45 ms with the whole batch gathered before the loop,
-64.29 ms gathered in the step, 62.84 ms so unrolled by 2; then 62.87 ms by 2, 62.58 by 4,
-62.62 by 8 (docs/performance.md)."""
+step: Brax Ant's update on a TPU v5e took 62.58 ms so, 64.29 ms unrolled by 1 and 63.45 ms
+with the batch gathered before the loop (docs/performance.md)."""
 
 
 def stepping_form(optimizer, params, opt_state, vector_steps: bool | None = None):
@@ -288,12 +282,11 @@ def stepping_form(optimizer, params, opt_state, vector_steps: bool | None = None
     `stored(params, opt_state)`, which gives the state back in the structure the caller holds.
 
     A `flat_optimizer` on a CPU (`vector_steps` None: `jax.default_backend()` when traced; True
-    or False to choose) is stepped as it is, in its vector form, and `stored` is the identity.
-    Elsewhere its `inner` steps the parameter tree, with the state taken out of its vector
-    (`tree_state`) and `stored` putting it back (`flat_state`). Any other optimiser is returned
-    as it is. Called once around several `sgd_scan`s (an update's epochs), it moves the state
-    between vector and tree once instead of at every call: on a TPU v5e, taking Brax Ant's
-    Adam state out of its vector and back cost 275 us (docs/performance.md).
+    or False to choose) is stepped as it is, and `stored` is the identity. Elsewhere its
+    `inner` steps the parameter tree, the state taken out of its vector (`tree_state`) and
+    put back by `stored` (`flat_state`). Any other optimiser is returned as it is. Called once
+    around an update's epochs, it moves the state once, not at every `sgd_scan` (275 us for
+    Brax Ant's Adam state on a TPU v5e).
     """
     if not isinstance(optimizer, FlatOptimizer) or \
             (jax.default_backend() == "cpu" if vector_steps is None else vector_steps):

@@ -8,18 +8,15 @@ initialisation and outputs, with their gates' kernels stored side by side (so th
 trees are not the cells').
 
 - `orthogonal(scale)`: `flax.linen.initializers.orthogonal` (Saxe, McClelland, Ganguli 2014,
-  arXiv:1312.6120, the initialiser of PPO, A2C and IMPALA implementations since OpenAI
-  Baselines), batched *sequentially* under `vmap`. Vmapped over seeds, flax's version is a
-  batched QR, which jaxlib 0.10.0-0.10.2 on CPU splits onto XLA's thread pool and then waits
-  for on a thread of that same pool: with as many such calls in flight as threads, the
-  process stops at 0% CPU forever, even plain `jit(vmap(train))` on one device.
-  `jax.custom_batching.sequential_vmap` runs one unbatched QR per seed: the same numbers.
-- `Dense`: `nn.Dense` whose weight gradient `x^T @ g` is computed as an ordinary product of a
-  materialised transpose. Autodiff writes it as one dot contracting the batch axis of both
-  operands, which XLA:CPU (jaxlib 0.10) does not hand to its fast (YNNPACK) kernels; in PPO's
-  CartPole update it took twice the time of the forward products. Vmapped (many seeds), the
-  transpose is left to XLA, which folds it into one batched product (`kept_transpose`),
-  faster there. Other backends use plain autodiff.
+  arXiv:1312.6120; PPO's, A2C's and IMPALA's since OpenAI Baselines), one unbatched QR per
+  seed under `vmap` (`sequential_vmap`, the same numbers): jaxlib 0.10.0-0.10.2's batched QR
+  on CPU waits on XLA's thread pool from inside it, and with as many such calls in flight as
+  threads even plain `jit(vmap(train))` on one device stops at 0% CPU forever.
+- `Dense`: `nn.Dense` whose weight gradient `x^T @ g` is an ordinary product of a
+  materialised transpose: XLA:CPU (jaxlib 0.10) gives autodiff's dot, which contracts the
+  batch axis of both operands, no fast kernel (twice the forward products' time in PPO's
+  CartPole update). Vmapped, XLA folds the transpose into one batched product
+  (`kept_transpose`); other backends use plain autodiff.
 - `Conv`: `nn.Conv(features, kernel_size)` with stride 1 and 'SAME' padding, computed as one
   matrix product over the kh*kw shifted copies of the padded image (im2col),
       y[..., i, j, f] = b[f] + sum_{di, dj, c} x_pad[..., i + di, j + dj, c] K[di, dj, c, f].

@@ -10,27 +10,20 @@ A recurrent policy's state rides in the same carry (`EnvState.hidden`, one per e
 the policy gets it with a flag `first` that marks the first observation of an episode, and
 resets it there itself, so a state never leaks across an automatic reset.
 
-Fresh starts from a pool (`fresh_starts` < 1): an automatic reset draws a fresh random start
-for every environment at every step and keeps it where an episode ended. Where a reset runs
-the physics' initialisation (Brax; MJX, where it costs as much as a step), most of that work
-is thrown away. With a pool, the rollout splits its num_steps into K segments of equal length
-L (K the smallest divisor of num_steps at least `fresh_starts` x num_steps, so L is about
-1 / `fresh_starts`). Each segment draws one fresh start for every environment (one batched
-`env.reset`), steps the environments without resetting them (`env.step_env`,
-`env.is_truncated`), and restarts an environment whose episode ends in the segment from its
-own start. The starts are independent draws from `env.reset`'s distribution and each begins
-one episode, so every episode still starts afresh (Brax's `AutoResetWrapper` restarts each
-environment from its first state). `reset` leaves the environments unstarted and the first
-segment starts them from its starts (on a TPU under a conditional that only a rollout's
-first segment enters), so the program holds one batched reset, inside the loop over
-segments. A restart repeats a start (`Trajectory.repeated_start`, the `repeated_starts`
-metric) exactly where the episode that ended began from the same segment's start: one that
-began inside the segment (shorter than L steps) or, from unstarted environments, a first
-episode that ends in the first segment (L steps or fewer). So an episode of more than L
-steps is never followed by a repeated start, nor one of L steps but an environment's first.
-Each restart is a select between the environment's own start and its state, never a gather
-across environments, and each segment's starts are made where they are used, never cut out
-of a larger pool: on a TPU v5e both cost Brax Ant more than its reset (docs/performance.md).
+Fresh starts from a pool (`fresh_starts` < 1): gymnax's automatic reset draws a fresh start
+for every environment at every step and keeps it where an episode ended; where a reset runs
+physics (Brax, MJX) most of that work is thrown away. With a pool, the rollout splits its
+num_steps into K segments of L steps (`pool_segments`). Each segment draws one fresh start
+for every environment (one batched `env.reset`), steps without resetting (`env.step_env`,
+`env.is_truncated`), and restarts an environment whose episode ends from its own start. Every
+episode still starts from an independent draw of `env.reset`'s distribution, except a
+repeat (`Trajectory.repeated_start`, the `repeated_starts` metric): a second episode ending
+in the same segment, which only an episode shorter than L steps (or an environment's first,
+of L steps or fewer) can cause. `reset` leaves the environments unstarted and the first
+segment starts them from its starts (on a TPU under a conditional only that segment enters),
+so the program holds one batched reset. A restart is a select between an environment's own
+start and its state, never a gather across environments: on a TPU v5e a gather cost Brax
+Ant more than its reset (docs/performance.md).
 """
 
 import functools
@@ -110,10 +103,8 @@ def reset(env, env_params, key, num_envs: int, hidden=None, fresh_starts: float 
     fresh starts (`pool_segments`), the environments are left unstarted instead
     (`episode_length` -1, zeros of the reset's shapes; `key` unused): the first
     `rollout` starts each from its first segment's start, a draw from `env.reset` like any
-    other. The program then holds one batched reset, the segments', instead of two: on a
-    TPU v5e a probe of PPO's Brax HalfCheetah program (4 seeds x 2,048 environments) without
-    the first state's reset went through XLA in 51.0 and 52.0 s instead of 56.8 and 55.9 s
-    (docs/performance.md).
+    other, so the program holds one batched reset instead of two (XLA's compile of PPO's
+    HalfCheetah program on a TPU v5e: about 52 s instead of 56; docs/performance.md).
     """
     zeros = jnp.zeros((num_envs,), jnp.float32)
     keys = jax.random.split(key, num_envs)

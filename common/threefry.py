@@ -2,11 +2,9 @@
 
 JAX draws every random number with the Threefry-2x32 hash (Salmon et al., "Parallel Random
 Numbers: As Easy as 1, 2, 3", SC 2011). On CPU it lowers the hash's 20 rounds as a loop of 5
-iterations, and XLA:CPU runs each iteration as separate kernels; inside a rollout step, which
-hashes several times (the action's sample, gymnax's key split and reset), that loop is a
-large part of the step (docs/performance.md). The command line switches the lowering for the
-whole process (`common.host.prng.unroll_threefry_on_cpu`); `make_train` changes no
-process-wide setting.
+iterations, each run as separate kernels: a large part of a rollout step, which hashes
+several times (docs/performance.md). The command line switches the lowering for the whole
+process (`common.host.prng`); `make_train` changes no process-wide setting.
 
 `THREEFRY` is instead a PRNG implementation of its own (`jax.extend.random.define_prng_impl`)
 that computes exactly JAX's default (`threefry2x32` with `jax_threefry_partitionable`, on in
