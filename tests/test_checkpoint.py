@@ -27,7 +27,7 @@ import pytest
 from flax import serialization
 
 from algos.ppo import Config, main, make_train
-from common.host import checkpoint, cli, flags, logger, session
+from common.host import checkpoint, cli, flags, logger, preflight, session
 from helpers import record_progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -426,7 +426,7 @@ def test_metric_rows_are_saved_chunk_by_chunk_and_format_3_files_still_load(tmp_
 def test_config_differences_name_each_field_with_both_values():
     saved = {"learning_rate": 2.5e-4, "num_envs": 4, "log_dir": "runs", "target_kl": None}
     now = {"learning_rate": 1e-3, "num_envs": 4, "log_dir": "elsewhere", "target_kl": 0.01}
-    assert checkpoint.config_differences(saved, now, ignore=("log_dir",)) == [
+    assert preflight.config_differences(saved, now, ignore=("log_dir",)) == [
         "learning_rate: 0.00025 -> 0.001", "target_kl: None -> 0.01"]
 
 
@@ -556,7 +556,6 @@ def test_a_checkpoint_from_before_a_config_field_existed_resumes_at_its_default(
     difference is named."""
     import dataclasses
 
-    from common.host import preflight
     from common.host.options import RunOptions
     from helpers import initial_state, save_initial
 

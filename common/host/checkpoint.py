@@ -248,8 +248,8 @@ def save(path: str, *, algo: str, config: dict, run: dict, run_names: list, upda
     rows = metrics if isinstance(metrics, Rows) else Rows([metrics] if metrics else [])
     record = {
         "algo": algo,
-        "config": {k: _plain(v) for k, v in config.items()},  # msgpack: lists, not tuples
-        "run": {k: _plain(v) for k, v in run.items()},
+        "config": {k: plain(v) for k, v in config.items()},  # msgpack: lists, not tuples
+        "run": {k: plain(v) for k, v in run.items()},
         "run_names": list(run_names),
         "update": int(update),
         "run_time": int(run_time),
@@ -503,15 +503,6 @@ def _on_the_parameter_tree(state_dict) -> bool:
     return holds(state_dict["opt_state"])
 
 
-def config_differences(saved: dict, current: dict, ignore=()) -> list[str]:
-    """`"name: saved -> current"` for every field (outside `ignore`) whose value differs, in
-    the order of `current`."""
-    names = [n for n in dict.fromkeys([*current, *saved]) if n not in ignore]
-    missing = "<absent>"
-    return [f"{n}: {saved.get(n, missing)!r} -> {current.get(n, missing)!r}" for n in names
-            if _plain(saved.get(n, missing)) != _plain(current.get(n, missing))]
-
-
-def _plain(value):
+def plain(value):
     """Tuples and lists compare equal after a msgpack round trip (which makes tuples lists)."""
     return list(value) if isinstance(value, tuple) else value

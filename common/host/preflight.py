@@ -149,8 +149,8 @@ def resume(path: str, record: dict, algo: str, config, run: RunOptions, template
     defaults = {f.name: f.default for f in dataclasses.fields(RunOptions)}  # an older file's
     saved = {**{f.name: f.default for f in dataclasses.fields(config)  # fields added since it
                 if f.default is not dataclasses.MISSING}, **record["config"]}  # was written
-    differences = checkpoint.config_differences(saved, dataclasses.asdict(config)) \
-        + checkpoint.config_differences({k: record["run"].get(k, defaults[k]) for k in now}, now)
+    differences = config_differences(saved, dataclasses.asdict(config)) \
+        + config_differences({k: record["run"].get(k, defaults[k]) for k in now}, now)
     if differences:
         raise checkpoint.CheckpointError(f"cannot resume {path!r} with a different config "
                                          f"(saved -> now): {'; '.join(differences)}. Resume "
@@ -194,3 +194,14 @@ def resume_into(s, resumed=None) -> dict:
     s.saved_update = s.first if s.path == given else None
     s.last_written = s.first, given
     return record
+
+
+def config_differences(saved: dict, current: dict, ignore=()) -> list[str]:
+    """`"name: saved -> current"` for every field (outside `ignore`) whose value differs, in
+    the order of `current`."""
+    names = [n for n in dict.fromkeys([*current, *saved]) if n not in ignore]
+    missing = "<absent>"
+    value = lambda fields, n: checkpoint.plain(fields.get(n, missing))  # noqa: E731
+    return [f"{n}: {saved.get(n, missing)!r} -> {current.get(n, missing)!r}" for n in names
+            if value(saved, n) != value(current, n)]
+
