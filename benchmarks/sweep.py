@@ -23,8 +23,8 @@ grid's runs take the PBT members' keys, experiment e seeds both from `--seed` + 
 
 Each experiment also trains, with `--baseline`, the PBT population without its steps
 (`jit(vmap(train))` over the same keys and initial hyperparameters: a random search); the two
-programs then run twice more each, alternating, and their train times are the medians of
-three: what PBT's steps add. Writes `<algo>__<env>__<tag>.json` with each program's
+programs then run `--runs` - 1 times more each (default 3 in all), alternating, and their
+train times are the medians: what PBT's steps add. Writes `<algo>__<env>__<tag>.json` with each program's
 compile and train seconds, every run's final return, PBT's lineage and the curves.
 """
 import argparse
@@ -91,10 +91,11 @@ def timed(fn, *args):
     return jax.tree.map(np.asarray, out), compile_s, train_s, lambda: run()[1]
 
 
-def run_pbt_experiment(train, config, space, grid: dict, key, baseline: bool):
+def run_pbt_experiment(train, config, space, grid: dict, key, baseline: bool, runs: int = 3):
     """One experiment: PBT from `key`, the grid's points (none: no grid) with the members'
     keys (point i takes member i's key, cycling; the same for every `space.interval`), and
-    with `baseline` the PBT population without its steps. Returns a dict of NumPy results
+    with `baseline` the PBT population without its steps, both timed `runs` times in
+    alternation (train_s: the median; train_runs_s: each). Returns a dict of NumPy results
     and timings."""
     pbt_train = pbt.make_pbt_train(train, config.num_updates, space)
     member_keys, key_hparams, _ = pbt.population_keys(key, space.population)
@@ -102,15 +103,15 @@ def run_pbt_experiment(train, config, space, grid: dict, key, baseline: bool):
     (states, metrics, lineage), compile_s, train_s, again = timed(pbt_train, key)
     out = {"pbt": dict(metrics=metrics, lineage=lineage, compile_s=compile_s, train_s=train_s,
                        start_hparams=jax.tree.map(np.asarray, start_hparams))}
-    if baseline:  # then each program twice more, alternating: the medians of three
+    if baseline:  # then each program runs - 1 times more, alternating: the medians
         (_, metrics), compile_s, train_s, base_again = timed(jax.vmap(train), member_keys,
                                                              start_hparams)
         times = [[out["pbt"]["train_s"]], [train_s]]
-        for _ in range(2):
+        for _ in range(runs - 1):
             times[0].append(again())
             times[1].append(base_again())
-        out["pbt"]["train_s"] = float(np.median(times[0]))
-        out["baseline"] = dict(metrics=metrics, compile_s=compile_s,
+        out["pbt"].update(train_s=float(np.median(times[0])), train_runs_s=times[0])
+        out["baseline"] = dict(metrics=metrics, compile_s=compile_s, train_runs_s=times[1],
                                train_s=float(np.median(times[1])))
     if not grid:
         return out
@@ -136,7 +137,8 @@ def pbt_main(args, module, config, grid):
     record, summary = {"experiments": []}, []
     for e in range(args.experiments):
         result = run_pbt_experiment(train, config, space, grid,
-                                    jax.random.PRNGKey(args.seed + e), args.baseline)
+                                    jax.random.PRNGKey(args.seed + e), args.baseline,
+                                    args.runs)
         row = {}
         for name, part in result.items():
             final = final_return(part["metrics"]["episodic_return"])
@@ -144,7 +146,9 @@ def pbt_main(args, module, config, grid):
                              best=round(float(np.nanmax(final)), 2),
                              median=round(float(np.nanmedian(final)), 2),
                              compile_s=round(part["compile_s"], 2),
-                             train_s=round(part["train_s"], 2))
+                             train_s=round(part["train_s"], 2),
+                             **({"train_runs_s": np.round(part["train_runs_s"], 2).tolist()}
+                                if "train_runs_s" in part else {}))
             print(f"experiment {e} {name:8s}: best {row[name]['best']:.2f}, median "
                   f"{row[name]['median']:.2f} | compile {part['compile_s']:.1f}s, train "
                   f"{part['train_s']:.1f}s | " + " ".join(f"{x:.1f}" for x in final), flush=True)
@@ -218,10 +222,14 @@ def main():
     parser.add_argument("--experiments", type=int, default=1, help="--pbt: repetitions")
     parser.add_argument("--baseline", action="store_true",
                         help="--pbt: also the population without PBT (the time PBT adds)")
+    parser.add_argument("--runs", type=int, default=3,
+                        help="--baseline: timed runs of each program, alternating (median)")
     parser.add_argument("--tag", default="sweep", help="suffix of the results file name")
     parser.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results",
                                                           "sweeps"))
     args = parser.parse_args()
+    if args.runs < 1:
+        raise SystemExit(f"error: --runs must be at least 1, got {args.runs}.")
 
     module = importlib.import_module(f"algos.{args.algo}")
     grid = parse_grid(args.grid, module.HParams._fields)
