@@ -84,9 +84,9 @@ class Config:
 
     # --- environment ---
     env_id: str = "CartPole-v1"
-    """A gymnax environment id, or Brax's `brax/<name>` (`pip install -e ".[brax]"`), name one
-    of ant, halfcheetah, hopper, humanoid, humanoidstandup, inverted_pendulum,
-    inverted_double_pendulum, pusher, reacher, swimmer, walker2d."""
+    """A gymnax id, `brax/<name>` (`.[brax]`; name one of ant, halfcheetah, hopper, humanoid,
+    humanoidstandup, inverted_pendulum, inverted_double_pendulum, pusher, reacher, swimmer,
+    walker2d), `playground/<Task>` (the Control Suite, `.[playground]`) or a masked task."""
     brax_backend: Literal["spring", "positional", "generalized", "mjx"] = "positional"
     """Brax's physics pipeline for a `brax/...` id (docs/environments.md says why this one)."""
     total_timesteps: int = 500_000
