@@ -81,7 +81,7 @@ class Config:
     gets one for every segment of about 1 / fresh_starts of its num_steps, the first
     segment's also its first state (`common/rollout.py`); an episode shorter than a segment
     may reuse one. 1: every environment draws one at every step. None: 1 for gymnax, 1/4 for
-    Brax, 1/1000 for the Control Suite (one per episode): their resets cost physics."""
+    Brax, one per episode length for the Control Suite: their resets cost physics."""
     normalize_obs: bool = False
     """Normalise observations with running mean and variance (`common/normalize.py`)."""
     normalize_reward: bool = False

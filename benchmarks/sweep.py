@@ -23,9 +23,10 @@ grid's runs take the PBT members' keys, experiment e seeds both from `--seed` + 
 
 Each experiment also trains, with `--baseline`, the PBT population without its steps
 (`jit(vmap(train))` over the same keys and initial hyperparameters: a random search); the two
-programs then run `--runs` - 1 times more each (default 3 in all), alternating, and their
-train times are the medians: what PBT's steps add. Writes `<algo>__<env>__<tag>.json` with each program's
-compile and train seconds, every run's final return, PBT's lineage and the curves.
+programs then run `--runs` - 1 times more each (3 in all by default), alternating, and their
+train times are the medians: what PBT's steps add. Writes `<algo>__<env>__<tag>.json` with
+each program's compile and train seconds, every run's final return, PBT's lineage and the
+curves.
 """
 import argparse
 import dataclasses
@@ -222,12 +223,16 @@ def main():
     parser.add_argument("--experiments", type=int, default=1, help="--pbt: repetitions")
     parser.add_argument("--baseline", action="store_true",
                         help="--pbt: also the population without PBT (the time PBT adds)")
-    parser.add_argument("--runs", type=int, default=3,
-                        help="--baseline: timed runs of each program, alternating (median)")
+    parser.add_argument("--runs", type=int, default=None,
+                        help="--baseline: timed runs of each program, alternating (median; "
+                        "default 3)")
     parser.add_argument("--tag", default="sweep", help="suffix of the results file name")
     parser.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results",
                                                           "sweeps"))
     args = parser.parse_args()
+    if args.runs is not None and not args.baseline:
+        raise SystemExit("error: --runs times --baseline's two programs; add --baseline.")
+    args.runs = 3 if args.runs is None else args.runs
     if args.runs < 1:
         raise SystemExit(f"error: --runs must be at least 1, got {args.runs}.")
 

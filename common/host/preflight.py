@@ -204,4 +204,3 @@ def config_differences(saved: dict, current: dict, ignore=()) -> list[str]:
     value = lambda fields, n: checkpoint.plain(fields.get(n, missing))  # noqa: E731
     return [f"{n}: {saved.get(n, missing)!r} -> {current.get(n, missing)!r}" for n in names
             if value(saved, n) != value(current, n)]
-
