@@ -150,6 +150,9 @@ class Config:
     """Width of the two hidden layers of the actor and critic MLPs."""
     activation: Literal["tanh", "relu"] = "tanh"
     """Activation of the MLPs (the CNN torso always uses ReLU)."""
+    log_std_init: float = 0.0
+    """Continuous actions: the Gaussian policy's initial log standard deviation (a learned
+    parameter per action dimension; SB3's `log_std_init`)."""
     network: Literal["auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru", "lstm", "mlp-lstm",
                      "cnn-lstm"] = "auto"
     """Torso: `auto` picks the CNN for image observations (MinAtar) and the MLPs otherwise;
@@ -247,6 +250,7 @@ class ActorCritic(nn.Module):
     cnn: bool = False
     core: str | None = None
     """The recurrent core (`gru`, `lstm`), or None: feed-forward."""
+    log_std_init: float = 0.0
 
     @nn.compact
     def __call__(self, obs, hidden=None, first=None):
@@ -277,7 +281,8 @@ class ActorCritic(nn.Module):
             pi = distrax.Categorical(logits=dense(self.spec.action_dim, 0.01)(actor))
         else:
             mean = dense(self.spec.action_dim, 0.01)(actor)
-            log_std = self.param("log_std", nn.initializers.zeros, (self.spec.action_dim,))
+            log_std = self.param("log_std", nn.initializers.constant(self.log_std_init),
+                                 (self.spec.action_dim,))
             pi = distrax.MultivariateNormalDiag(mean, jnp.exp(log_std) * jnp.ones_like(mean))
         return pi, value, memory
 
@@ -379,7 +384,8 @@ def make_train(config: Config, live_progress: bool = False):
                          f"use --network mlp (or auto, gru).")
     cnn = config.torso == "cnn" or (config.torso == "auto" and spec.image_obs)
     recurrent = config.recurrent
-    network = ActorCritic(spec, config.hidden_size, config.activation, cnn, config.core)
+    network = ActorCritic(spec, config.hidden_size, config.activation, cnn, config.core,
+                          config.log_std_init)
     num_updates, batch_size = config.num_updates, config.batch_size
 
     def learning_rate(hp: HParams, update):

@@ -15,7 +15,8 @@ writes `benchmarks/results/sweeps/<algo>__<env>__<tag>.json` with every run's cu
 
 `--pbt RANGE ...` compares population-based training (`common/pbt.py`) with the grid over the
 same ranges, at the same total steps, each in one compiled call, `--experiments` times (the
-grid's runs take the PBT members' keys, experiment e seeds both from `--seed` + e):
+grid's runs take the PBT members' keys, experiment e seeds both from `--seed` + e); `--fraction`,
+`--perturb` and `--resample` are the PBT step's rule (`common/pbt.py`):
 
     python benchmarks/sweep.py --algo ppo --env-id Breakout-MinAtar --variant mlp5e6 \
         --pbt learning_rate=1e-4:1e-2:log ent_coef=1e-3:1e-1:log --population 8 --interval 10 \
@@ -129,8 +130,12 @@ def run_pbt_experiment(train, config, space, grid: dict, key, baseline: bool, ru
 def pbt_main(args, module, config, grid):
     """`--pbt`: PBT against the grid, `--experiments` times; prints and saves the record."""
     fields = [f for f in module.HParams._fields]
-    space = pbt.SearchSpace(parse_ranges(args.pbt, fields), args.population, args.interval,
-                            resample=args.resample)
+    try:
+        space = pbt.SearchSpace(parse_ranges(args.pbt, fields), args.population, args.interval,
+                                fraction=args.fraction, perturb=args.perturb,
+                                resample=args.resample)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
     if config.num_updates % space.interval:
         raise SystemExit(f"error: --interval {space.interval} does not divide the run's "
                          f"{config.num_updates} updates.")
@@ -218,6 +223,10 @@ def main():
                         help="PBT against the grid over these ranges (module docstring)")
     parser.add_argument("--population", type=int, default=8, help="--pbt: members")
     parser.add_argument("--interval", type=int, default=10, help="--pbt: updates per step")
+    parser.add_argument("--fraction", type=float, default=0.25,
+                        help="--pbt: share of the population replaced (and copied from)")
+    parser.add_argument("--perturb", type=float, default=0.2,
+                        help="--pbt: f, a copied value times 1 + U(-f, f)")
     parser.add_argument("--resample", type=float, default=0.0,
                         help="--pbt: probability a copied value is redrawn from its range")
     parser.add_argument("--experiments", type=int, default=1, help="--pbt: repetitions")

@@ -264,19 +264,32 @@ PRESETS[("ppo", "playground/CartpoleBalance")] = dict(
     total_timesteps=3_000_000, num_envs=32, num_steps=64, num_minibatches=8, update_epochs=4,
     learning_rate=1e-3, anneal_lr=True, gamma=0.995, ent_coef=0.0, normalize_obs=True,
     normalize_reward=True)
-# A2C and IMPALA on the Control Suite: 32 envs x 16 steps, one RMSprop step per rollout, the
-# learning rate annealed to 0, no entropy bonus, gamma 0.995, lambda 0.95, observations and
-# rewards normalised; tuned on CartpoleBalance only, by vmapped sweeps (2 seeds each,
-# benchmarks/results/sweeps/*__playground-CartpoleBalance__cpu-lr*.json). A2C (normalised
-# advantages): lr 1e-4 / 3e-4 / 1e-3 gave 286 / 451 / 556 at 2e6 steps; IMPALA (actors one
-# update behind): lr 3e-4 / 7e-4 / 1.5e-3 gave 324 / 401 / 508. With 16 envs x 8 steps and
-# a constant rate (1e6 steps) A2C reached 452 at best (lr 2e-4), IMPALA 524 (7e-4). Neither
-# comes near PPO's 996 on this task: both take one gradient step per rollout.
-_A2C_PLAYGROUND = dict(total_timesteps=2_000_000, num_envs=32, num_steps=16,
-                       learning_rate=1e-3, anneal_lr=True, gamma=0.995, gae_lambda=0.95,
-                       norm_adv=True, ent_coef=0.0, normalize_obs=True, normalize_reward=True)
-_IMPALA_PLAYGROUND = dict(total_timesteps=2_000_000, num_envs=32, num_steps=16, actor_lag=1,
-                          learning_rate=1.5e-3, anneal_lr=True, opt_eps=1e-5, gamma=0.995,
+# A2C and IMPALA on the Control Suite, at PPO's 3e6 steps, tuned on CartpoleBalance only by
+# vmapped sweeps (4 seeds a point unless said; benchmarks/results/sweeps/
+# {a2c,impala}__playground-CartpoleBalance__cpu-*.json): the learning rate annealed to 0, no
+# entropy bonus, gamma 0.995, lambda 0.95, observations and rewards normalised.
+# A2C: 32 envs x 16 steps, RMSprop, normalised advantages, the Gaussian's log std starting
+# at -1 (SB3's `log_std_init`; its zoo's A2C MuJoCo settings start at -2). With log std 0,
+# lr 1e-4 / 3e-4 / 1e-3 gave 286 / 451 / 556 (2 seeds, 2e6 steps), Adam 2e-3 / 3e-3 / 5e-3
+# 273 / 395 / 331, 16 envs x 4 steps (2 seeds) 484 at best; with -1, lr 3e-4 / 1e-3 / 3e-3
+# gave 456 / 562 / 875 (seeds 1 to 4), with -2 417 / 563 / 470. A2C's runs here end either
+# balanced (about 990) or between 250 and 550, and float rounding decides which: the
+# preset's 875 on seeds 1 to 4 in one sweep was 356 on seeds 0 to 3 in another, where an
+# entropy bonus of 1e-3 / 3e-3 / 1e-2 gave 406 / 648 / 510 (docs/results.md: 528).
+# IMPALA: one gradient step per rollout (32 x 16) reached 508 at best (2 seeds, 2e6 steps);
+# 32 envs x 64 steps in 8 minibatches of 4 environments, one pass (8 RMSprop steps per
+# rollout, actors one update behind), gradients clipped at norm 0.5: lr 5e-4 / 1e-3 / 2e-3
+# gave 408 / 837 / 138, the same without the clip 669 at 1e-3, 2e-3 and 4e-3 fell to about
+# 140 on every seed, below a random policy's 356 (the policy's spread collapsed); 4 passes
+# (Adam, 2 seeds) 199 at best, 713 without the lag (430 and 996), with log std -1 534 at
+# best, 16 minibatches about 140.
+_A2C_PLAYGROUND = dict(total_timesteps=3_000_000, num_envs=32, num_steps=16,
+                       learning_rate=3e-3, anneal_lr=True, gamma=0.995, gae_lambda=0.95,
+                       norm_adv=True, ent_coef=0.0, log_std_init=-1.0, normalize_obs=True,
+                       normalize_reward=True)
+_IMPALA_PLAYGROUND = dict(total_timesteps=3_000_000, num_envs=32, num_steps=64,
+                          num_minibatches=8, update_epochs=1, actor_lag=1, learning_rate=1e-3,
+                          max_grad_norm=0.5, anneal_lr=True, opt_eps=1e-5, gamma=0.995,
                           vtrace_lambda=0.95, ent_coef=0.0, normalize_obs=True,
                           normalize_reward=True)
 for _env in PLAYGROUND:

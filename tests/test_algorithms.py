@@ -88,9 +88,9 @@ def test_reward_normalisation_scales_what_is_learned_not_what_is_reported(algo):
 
 OTHER_BRANCHES = {  # each algorithm's own options, beside what all three share
     "ppo": dict(num_minibatches=2, update_epochs=4, target_kl=1e-4, clip_vloss=False),
-    "a2c": dict(optimizer="adam", norm_adv=True, gae_lambda=0.95),
+    "a2c": dict(optimizer="adam", norm_adv=True, gae_lambda=0.95, log_std_init=-1.5),
     "impala": dict(actor_lag=0, num_minibatches=2, update_epochs=2, optimizer="adam",
-                   kl_coef=0.1, vtrace=False),
+                   kl_coef=0.1, vtrace=False, log_std_init=-1.5),
 }
 
 
@@ -98,8 +98,9 @@ OTHER_BRANCHES = {  # each algorithm's own options, beside what all three share
 def test_continuous_actions_normalisation_and_each_algorithms_options_train_end_to_end(algo):
     """Continuous actions (Pendulum), observation normalisation, a constant learning rate,
     and the options of `OTHER_BRANCHES` (PPO's KL stop, A2C's Adam and GAE, IMPALA without
-    lag or correction and with the KL penalty), in one compile each; the progress printer
-    reaches 100%."""
+    lag or correction and with the KL penalty; A2C's and IMPALA's initial log std, which 3
+    small updates move little from -1.5, far from the default 0), in one compile each; the
+    progress printer reaches 100%."""
     module = importlib.import_module(f"algos.{algo}")
     config = module.Config(env_id="Pendulum-v1", total_timesteps=8 * 32 * 3, num_envs=8,
                            num_steps=32, normalize_obs=True, anneal_lr=False,
@@ -112,6 +113,10 @@ def test_continuous_actions_normalisation_and_each_algorithms_options_train_end_
     assert float(state.obs_stats.count) == pytest.approx(config.num_updates * config.batch_size,
                                                          rel=1e-3)
     np.testing.assert_allclose(metrics["learning_rate"], config.learning_rate)
+    if "log_std_init" in OTHER_BRANCHES[algo]:
+        [log_std] = [x for path, x in jax.tree_util.tree_leaves_with_path(state.params)
+                     if "log_std" in jax.tree_util.keystr(path)]
+        np.testing.assert_allclose(log_std, -1.5, atol=0.1)
     train.progress.close()
     assert f"[{algo} Pendulum-v1] step {768:>12,}" in train.progress.stream.getvalue()
 

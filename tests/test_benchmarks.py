@@ -51,6 +51,8 @@ GRID = ["--grid", "learning_rate=1e-3"]  # what sweep.py needs besides the overr
     ("learning", ["--set", "seed=3"], "--set seed is not a field of algos/ppo.py's Config"),
     ("learning", ["--set", "env_id=Pendulum-v1"], "--set env_id is not a field.*--env-id sets"),
     ("sweep", ["--set", "foo=1", *GRID], "--set foo is not a field of algos/ppo.py's Config"),
+    ("sweep", ["--pbt", "learning_rate=1e-4:1e-2:log", "--perturb", "1.5", *GRID],
+     r"SearchSpace.perturb must be in \[0, 1\)"),
     *[(script, ["--total-timesteps", budget, "--set", "total_timesteps=6", *extra],
        "--total-timesteps or --set")  # the budget parsed first, as the command line reads it
       for script, budget, extra in (("learning", "5e3", []), ("sweep", "5", GRID))],

@@ -183,8 +183,9 @@ def test_impala_trains_from_the_command_line_checkpoints_evaluates_and_renders(
     task (its Python training test: the losses finite, the rewards normalised; A2C's and PPO's
     are in `test_playground_train.py`), the checkpoint holds MJX's data, which the
     evaluation's restore puts back into MJX's own types."""
-    impala_main(["--env-id", TASK, "--num-envs", "4", "--num-steps", "16", "--total-timesteps",
-                 "512", "--checkpoint-every", "4", "--log-dir", str(tmp_path)])
+    impala_main(["--env-id", TASK, "--num-envs", "4", "--num-minibatches", "2", "--num-steps",
+                 "16", "--total-timesteps", "512", "--checkpoint-every", "4", "--log-dir",
+                 str(tmp_path)])
     [path] = [os.path.join(d, f) for d, _, files in os.walk(tmp_path) for f in files
               if f == "latest.msgpack"]
     record = checkpoint.load(path)
