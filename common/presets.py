@@ -280,7 +280,7 @@ PRESETS[("ppo", "playground/CartpoleBalance")] = dict(
 # 32 envs x 64 steps in 8 minibatches of 4 environments, one pass (8 RMSprop steps per
 # rollout, actors one update behind), gradients clipped at norm 0.5: lr 5e-4 / 1e-3 / 2e-3
 # gave 408 / 837 / 138, the same without the clip 669 at 1e-3, 2e-3 and 4e-3 fell to about
-# 140 on every seed, below a random policy's 356 (the policy's spread collapsed); 4 passes
+# 140 on every seed, below a random policy's 358 (the policy's spread collapsed); 4 passes
 # (Adam, 2 seeds) 199 at best, 713 without the lag (430 and 996), with log std -1 534 at
 # best, 16 minibatches about 140.
 _A2C_PLAYGROUND = dict(total_timesteps=3_000_000, num_envs=32, num_steps=16,
