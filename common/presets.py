@@ -274,8 +274,9 @@ PRESETS[("ppo", "playground/CartpoleBalance")] = dict(
 # 273 / 395 / 331, 16 envs x 4 steps (2 seeds) 484 at best; with -1, lr 3e-4 / 1e-3 / 3e-3
 # gave 456 / 562 / 875 (seeds 1 to 4), with -2 417 / 563 / 470. A2C's runs here end either
 # balanced (about 990) or between 250 and 550, and float rounding decides which: the
-# preset's 875 on seeds 1 to 4 in one sweep was 356 on seeds 0 to 3 in another, where an
-# entropy bonus of 1e-3 / 3e-3 / 1e-2 gave 406 / 648 / 510 (docs/results.md: 528).
+# preset's 875 on seeds 1 to 4 in a sweep of 12 runs was 528 on the same seeds in
+# benchmarks/learning.py's program of 4 (docs/results.md), and 356 on seeds 0 to 3 in a
+# sweep where an entropy bonus of 1e-3 / 3e-3 / 1e-2 gave 406 / 648 / 510.
 # IMPALA: one gradient step per rollout (32 x 16) reached 508 at best (2 seeds, 2e6 steps);
 # 32 envs x 64 steps in 8 minibatches of 4 environments, one pass (8 RMSprop steps per
 # rollout, actors one update behind), gradients clipped at norm 0.5: lr 5e-4 / 1e-3 / 2e-3
