@@ -276,7 +276,8 @@ PRESETS[("ppo", "playground/CartpoleBalance")] = dict(
 # balanced (about 990) or between 250 and 550, and float rounding decides which: the
 # preset's 875 on seeds 1 to 4 in a sweep of 12 runs was 528 on the same seeds in
 # benchmarks/learning.py's program of 4 (docs/results.md), and 356 on seeds 0 to 3 in a
-# sweep where an entropy bonus of 1e-3 / 3e-3 / 1e-2 gave 406 / 648 / 510.
+# sweep where an entropy bonus of 1e-3 / 3e-3 / 1e-2 gave 406 / 648 / 510; 64 envs x 16
+# steps (log std -1) gave 405 / 621 at lr 3e-3 / 6e-3.
 # IMPALA: one gradient step per rollout (32 x 16) reached 508 at best (2 seeds, 2e6 steps);
 # 32 envs x 64 steps in 8 minibatches of 4 environments, one pass (8 RMSprop steps per
 # rollout, actors one update behind), gradients clipped at norm 0.5: lr 5e-4 / 1e-3 / 2e-3
