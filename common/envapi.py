@@ -171,7 +171,7 @@ def per_env(fn, env_params):
     function serves every call with the same `fn` and (hashable) `env_params`, so that every
     reset and step of a process traces the environment once for each input shape.
     """
-    return jax.vmap(_jitted(fn, env_params))
+    return jax.vmap(jitted(fn, env_params))
 
 
 @functools.lru_cache(maxsize=32)
@@ -182,7 +182,7 @@ def _cached_jit(fn, env_params):
     return jax.jit(one_env)
 
 
-def _jitted(fn, env_params):
+def jitted(fn, env_params):
     """`jax.jit(fn(*args, env_params))`, one per `(fn, env_params)` where both hash (a bound
     method hashes by its object: gymnax's, Brax's, Playground's environments do)."""
     try:
@@ -205,6 +205,6 @@ def trace_ahead(env, env_params):
     if jax.default_backend() == "cpu" or getattr(env, "fresh_starts", 1.0) >= 1:
         return
     key = jax.ShapeDtypeStruct((2,), jnp.uint32)
-    _, state = _jitted(env.reset, env_params).trace(key).out_info
+    _, state = jitted(env.reset, env_params).trace(key).out_info
     action = jax.ShapeDtypeStruct(env.action_space(env_params).shape, jnp.float32)
-    _jitted(env.step_env, env_params).trace(key, state, action)
+    jitted(env.step_env, env_params).trace(key, state, action)

@@ -46,7 +46,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from common.evaluate import evaluate
 from common.host import checkpoint, contract, logger, pbt, stopping
@@ -144,7 +144,10 @@ def start_or_resume(algo: str, config, run: RunOptions, train, resumed=None) -> 
     agree_across_processes(config, run)
     hparams_of = jax.vmap(lambda _: config.hparams())  # one copy per run
     key_shapes = jax.ShapeDtypeStruct((run.num_seeds, 2), np.uint32)  # nothing made yet
-    template = jax.eval_shape(lambda k: jax.vmap(train.init)(k, hparams_of(k)), key_shapes)
+    # traced once: the template here, and below (on one device) init's program, which calls
+    # this jitted function with the same shapes (an MJX reset takes seconds to trace)
+    init_runs = jax.jit(jax.vmap(train.init))
+    template = jax.eval_shape(init_runs, key_shapes, jax.eval_shape(hparams_of, key_shapes))
     contract.check(algo, template, contract.TrainState, "the state its train.init returns")
     layout = Layout(run, config.num_envs, template)
     check_fits_in_memory(config, template, layout)
@@ -164,14 +167,21 @@ def start_or_resume(algo: str, config, run: RunOptions, train, resumed=None) -> 
         except checkpoint.CheckpointError as error:
             fail(error)
     try:
-        init = layout.spread(jax.vmap(train.init), (layout.seeds, layout.seeds), layout.state)
-        lowered = init.lower(session.keys, session.hparams)
+        if layout.num_devices == 1:  # the template's trace serves: no shard_map, and the
+            # arguments as they were traced there (placed on a mesh, they would trace again)
+            init = jax.jit(init_runs, out_shardings=jax.tree.map(
+                lambda spec: NamedSharding(layout.mesh, spec), layout.state))
+            args = (keys, hparams)
+        else:
+            init = layout.spread(init_runs, (layout.seeds, layout.seeds), layout.state)
+            args = (session.keys, session.hparams)
+        lowered = init.lower(*args)
     except ValueError as error:  # sizes that do not split across the devices
         fail(error)
     # XLA compiles it on a thread of its own (and lets go of Python's lock) while the main
     # thread traces the training programs, which need only the state's shapes (`template`).
     compiling = concurrent.futures.ThreadPoolExecutor(1)
-    session.initial = compiling.submit(lowered.compile)
+    session.initial = compiling.submit(lambda: partial(lowered.compile(), *args))
     compiling.shutdown(wait=False)  # its thread ends with this one task
     return session
 
@@ -181,7 +191,7 @@ def first_state(s: Session):
     if s.initial is not None:
         init, s.initial = s.initial.result(), None
         with out_of_memory_is_one_line(s.config):
-            s.state = jax.block_until_ready(init(s.keys, s.hparams))
+            s.state = jax.block_until_ready(init())
 
 
 def compile_programs(s: Session):

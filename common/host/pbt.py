@@ -31,6 +31,7 @@ import os
 import time
 import types
 import warnings
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -180,7 +181,7 @@ def start_or_resume(algo: str, config, run: RunOptions, train, resumed=None) -> 
         lambda spec: NamedSharding(layout.mesh, spec), layout.state,
         is_leaf=lambda x: isinstance(x, P))).lower(s.keys, None)
     compiling = concurrent.futures.ThreadPoolExecutor(1)  # as cli.start_or_resume
-    s.initial = compiling.submit(lowered.compile)
+    s.initial = compiling.submit(lambda: partial(lowered.compile(), s.keys, None))
     compiling.shutdown(wait=False)
     return s
 

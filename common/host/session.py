@@ -75,7 +75,8 @@ class Session:
     state: Any = None
     initial: Any = None
     """A fresh run's first-state program while XLA compiles it (a `Future` of the compiled
-    `train.init`; `first_state` runs it), None once run or when resumed."""
+    `train.init` bound to its arguments; `first_state` calls it), None once run or when
+    resumed."""
     first: int = 0
     """The update this process starts from (0, or the resumed checkpoint's)."""
     run_time: int = 0
