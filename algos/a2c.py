@@ -153,6 +153,10 @@ class Config:
     log_std_init: float = 0.0
     """Continuous actions: the Gaussian policy's initial log standard deviation (a learned
     parameter per action dimension; SB3's `log_std_init`)."""
+    squash_mean: bool = False
+    """Continuous actions: the Gaussian's mean inside the action space's bounds, mid +
+    half-width x tanh(x), not the layer's output x. The environment takes the action clipped
+    to its bounds, so a mean pushed past one gets no signal back and can stay there."""
     network: Literal["auto", "mlp", "cnn", "gru", "mlp-gru", "cnn-gru", "lstm", "mlp-lstm",
                      "cnn-lstm"] = "auto"
     """Torso: `auto` picks the CNN for image observations (MinAtar) and the MLPs otherwise;
@@ -251,6 +255,7 @@ class ActorCritic(nn.Module):
     core: str | None = None
     """The recurrent core (`gru`, `lstm`), or None: feed-forward."""
     log_std_init: float = 0.0
+    squash_mean: bool = False
 
     @nn.compact
     def __call__(self, obs, hidden=None, first=None):
@@ -281,6 +286,9 @@ class ActorCritic(nn.Module):
             pi = distrax.Categorical(logits=dense(self.spec.action_dim, 0.01)(actor))
         else:
             mean = dense(self.spec.action_dim, 0.01)(actor)
+            if self.squash_mean:  # inside [low, high]
+                low, high = np.asarray(self.spec.action_low), np.asarray(self.spec.action_high)
+                mean = (high + low) / 2 + (high - low) / 2 * jnp.tanh(mean)
             log_std = self.param("log_std", nn.initializers.constant(self.log_std_init),
                                  (self.spec.action_dim,))
             pi = distrax.MultivariateNormalDiag(mean, jnp.exp(log_std) * jnp.ones_like(mean))
@@ -382,10 +390,14 @@ def make_train(config: Config, live_progress: bool = False):
         raise ValueError(f"--network {config.network} needs image observations (a MinAtar "
                          f"game), but {config.env_id} observations have shape {spec.obs_shape}; "
                          f"use --network mlp (or auto, gru).")
+    if config.squash_mean and (spec.discrete or not np.isfinite(
+            np.concatenate([spec.action_low, spec.action_high])).all()):
+        raise ValueError(f"--squash-mean needs bounded continuous actions, but {config.env_id}"
+                         f"'s are {'discrete' if spec.discrete else 'unbounded'}; leave it off.")
     cnn = config.torso == "cnn" or (config.torso == "auto" and spec.image_obs)
     recurrent = config.recurrent
     network = ActorCritic(spec, config.hidden_size, config.activation, cnn, config.core,
-                          config.log_std_init)
+                          config.log_std_init, config.squash_mean)
     num_updates, batch_size = config.num_updates, config.batch_size
 
     def learning_rate(hp: HParams, update):

@@ -268,8 +268,16 @@ PRESETS[("ppo", "playground/CartpoleBalance")] = dict(
 # vmapped sweeps (4 seeds a point unless said; benchmarks/results/sweeps/
 # {a2c,impala}__playground-CartpoleBalance__cpu-*.json): the learning rate annealed to 0, no
 # entropy bonus, gamma 0.995, lambda 0.95, observations and rewards normalised.
-# A2C: 32 envs x 16 steps, RMSprop, normalised advantages, the Gaussian's log std starting
-# at -1 (SB3's `log_std_init`; its zoo's A2C MuJoCo settings start at -2). With log std 0,
+# A2C: 32 envs x 16 steps, RMSprop, normalised advantages, the Gaussian's mean squashed into
+# the action bounds (`squash_mean`): seeds 0 to 8 ended at 588 999 991 998 995 581 999 456
+# 593 (mean 800, 5 of 9 balanced); without it (log std -1, the preset before) 397 278 293
+# 547 995 514 182 998 999 (mean 578, 3 of 9).
+# Runs that fail end between 180 and 600; unsquashed, some pushed the mean to |a| of 9 to
+# 12, where the clipped action no longer answers it (raw log: sweeps/
+# a2c__playground-CartpoleBalance__cpu-squash-mean.txt). Squashed,
+# log std -1 gave 638 (seeds 1 to 4), lr 6e-3 783 (log std -1), 745 with 64 envs.
+# Without squashing: the log std starting at -1 (SB3's `log_std_init`; its zoo's A2C MuJoCo
+# settings start at -2); a constant lr of 3e-3 / 1e-3 gave 321 / 477. With log std 0,
 # lr 1e-4 / 3e-4 / 1e-3 gave 286 / 451 / 556 (2 seeds, 2e6 steps), Adam 2e-3 / 3e-3 / 5e-3
 # 273 / 395 / 331, 16 envs x 4 steps (2 seeds) 484 at best; with -1, lr 3e-4 / 1e-3 / 3e-3
 # gave 456 / 562 / 875 (seeds 1 to 4), with -2 417 / 563 / 470. A2C's runs here end either
@@ -287,7 +295,7 @@ PRESETS[("ppo", "playground/CartpoleBalance")] = dict(
 # best, 16 minibatches about 140.
 _A2C_PLAYGROUND = dict(total_timesteps=3_000_000, num_envs=32, num_steps=16,
                        learning_rate=3e-3, anneal_lr=True, gamma=0.995, gae_lambda=0.95,
-                       norm_adv=True, ent_coef=0.0, log_std_init=-1.0, normalize_obs=True,
+                       norm_adv=True, ent_coef=0.0, squash_mean=True, normalize_obs=True,
                        normalize_reward=True)
 _IMPALA_PLAYGROUND = dict(total_timesteps=3_000_000, num_envs=32, num_steps=64,
                           num_minibatches=8, update_epochs=1, actor_lag=1, learning_rate=1e-3,

@@ -262,3 +262,23 @@ def test_cli_unknown_optimizer_is_refused(capsys):
     assert exit_info.value.code == 2
     assert "error: --optimizer: expected one of rmsprop, adam, got 'sgd'" in \
         capsys.readouterr().err
+
+
+def test_squash_mean_keeps_the_gaussian_s_mean_inside_the_action_bounds():
+    """`squash_mean`: the mean is mid + half-width x tanh(x) of the unsquashed network's
+    output x (Pendulum's bounds, [-2, 2]), so it stays inside them however far x goes; the
+    log std is the same parameter."""
+    from algos.a2c import ActorCritic
+    from common.envs import make_env
+
+    _, _, spec = make_env("Pendulum-v1")
+    obs = jax.random.normal(jax.random.PRNGKey(1), (64,) + spec.obs_shape)
+    plain, squashed = ActorCritic(spec), ActorCritic(spec, squash_mean=True)
+    params = plain.init(jax.random.PRNGKey(0), obs)
+    params = jax.tree.map(lambda p: 300.0 * p, params)  # outputs far past the bounds
+    x = plain.apply(params, obs)[0].mean()
+    pi = squashed.apply(params, obs)[0]
+    assert np.abs(x).max() > 2.0, "the check needs means past the bounds"
+    np.testing.assert_allclose(pi.mean(), 2.0 * np.tanh(np.asarray(x)), rtol=1e-6, atol=1e-6)
+    assert np.abs(pi.mean()).max() <= 2.0
+    np.testing.assert_array_equal(pi.stddev(), plain.apply(params, obs)[0].stddev())

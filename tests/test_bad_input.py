@@ -144,6 +144,8 @@ CATALOGUE = [
      "--network gru splits minibatches by environment (whole sequences), but --num-envs 6 is "
      "not divisible by --num-minibatches 4"),
     ("a2c", ["--network", "cnn-lstm"], "--network cnn-lstm needs image observations"),
+    ("a2c", ["--squash-mean"], "--squash-mean needs bounded continuous actions, but "
+     "CartPole-v1's are discrete; leave it off."),
     # --- sizes ---
     ("ppo", ["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "not divisible"),
     ("impala", ["--num-envs", "6", "--num-minibatches", "4"], "not divisible"),
