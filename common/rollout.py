@@ -109,11 +109,8 @@ def reset(env, env_params, key, num_envs: int, hidden=None, fresh_starts: float 
     zeros = jnp.zeros((num_envs,), jnp.float32)
     keys = jax.random.split(key, num_envs)
     if num_steps is not None and pool_segments(env, fresh_starts, num_steps):
-        # one environment's shapes, traced (once a process: `per_env`'s jit), not batched
-        shapes = jax.eval_shape(jitted(env.reset, env_params),
-                                jax.ShapeDtypeStruct(keys.shape[1:], keys.dtype))
-        obs, env_state = jax.tree.map(lambda s: jnp.zeros((num_envs,) + s.shape, s.dtype),
-                                      shapes)
+        shapes = jax.eval_shape(jitted(env.reset, env_params), keys[0])  # one's, not batched
+        obs, env_state = jax.tree.map(lambda s: jnp.zeros((num_envs,) + s.shape, s.dtype), shapes)
         length = jnp.full((num_envs,), -1, jnp.int32)
     else:
         (obs, env_state), length = per_env(env.reset, env_params)(keys), zeros.astype(jnp.int32)
