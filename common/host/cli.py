@@ -46,7 +46,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 from common.evaluate import evaluate
 from common.host import checkpoint, contract, logger, pbt, stopping
@@ -169,8 +169,7 @@ def start_or_resume(algo: str, config, run: RunOptions, train, resumed=None) -> 
     try:
         if layout.num_devices == 1:  # the template's trace serves: no shard_map, and the
             # arguments as they were traced there (placed on a mesh, they would trace again)
-            init = jax.jit(init_runs, out_shardings=jax.tree.map(
-                lambda spec: NamedSharding(layout.mesh, spec), layout.state))
+            init = jax.jit(init_runs, out_shardings=layout.shardings(layout.state))
             args = (keys, hparams)
         else:
             init = layout.spread(init_runs, (layout.seeds, layout.seeds), layout.state)

@@ -211,6 +211,12 @@ class Layout:
                                                 lambda index: x[index])
         return jax.tree.map(one, tree, specs)
 
+    def shardings(self, specs):
+        """The `NamedSharding`s of this mesh for a tree of `PartitionSpec`s (a `jit`'s
+        `out_shardings`)."""
+        return jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), specs,
+                            is_leaf=lambda x: isinstance(x, P))
+
     def shapes(self, tree, specs):
         """`jax.ShapeDtypeStruct`s of `tree` with the shardings of `specs` (for `lower`)."""
         if isinstance(specs, P):

@@ -36,7 +36,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 from common import pbt
 from common.evaluate import evaluate
@@ -129,9 +129,7 @@ class PopulationLayout(Layout):
         """`jit(fn)` compiled for `shapes` (which carry their shardings) as one program over
         the mesh, its outputs laid out by `out_specs`; XLA partitions the members' axis and
         the PBT step's gathers across it."""
-        out = jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), out_specs,
-                           is_leaf=lambda x: isinstance(x, P))
-        return jax.jit(fn, out_shardings=out).lower(*shapes).compile()
+        return jax.jit(fn, out_shardings=self.shardings(out_specs)).lower(*shapes).compile()
 
 
 def start_or_resume(algo: str, config, run: RunOptions, train, resumed=None) -> Session:
@@ -177,9 +175,8 @@ def start_or_resume(algo: str, config, run: RunOptions, train, resumed=None) -> 
             checkpoint.check_writable(s.path)
         except checkpoint.CheckpointError as error:
             fail(error)
-    lowered = jax.jit(pbt_train.init, out_shardings=jax.tree.map(
-        lambda spec: NamedSharding(layout.mesh, spec), layout.state,
-        is_leaf=lambda x: isinstance(x, P))).lower(s.keys, None)
+    lowered = jax.jit(pbt_train.init, out_shardings=layout.shardings(layout.state)).lower(
+        s.keys, None)
     compiling = concurrent.futures.ThreadPoolExecutor(1)  # as cli.start_or_resume
     s.initial = compiling.submit(lambda: partial(lowered.compile(), s.keys, None))
     compiling.shutdown(wait=False)
